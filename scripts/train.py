@@ -1,0 +1,27 @@
+"""Trains (or resumes) a run: parses flags and calls `train_and_evaluate`.
+
+  python scripts/train.py --config=configs/multi30k_transformer.py \
+      --workdir=runs/m30k_transformer [--config.train.num_steps=200]
+
+Kept short on purpose: the logic lives in `seq2seq.train`, importable and tested.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from seq2seq.cli import run_main
+from seq2seq.train import train_and_evaluate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created or resumed).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  run_main(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,135 @@
+"""The base config: every field, one comment each, and its validation.
+
+Experiment files in `configs/` start from `base_config()` and change what they
+need. `validate(config)` runs before anything is built or compiled, so a bad
+value stops the run with one line that names the field and the fix.
+"""
+
+import difflib
+import json
+
+import ml_collections
+
+from seq2seq.errors import UserError
+
+FAMILIES = ("transformer",)
+# Valid `config.model.attention` names per family; grows with the registry.
+ATTENTION_BY_FAMILY = {"transformer": ("scaled_dot",)}
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Returns the config with every field at its default."""
+  c = ml_collections.ConfigDict()
+
+  c.model = m = ml_collections.ConfigDict()
+  m.family = "transformer"  # Model family: one of FAMILIES.
+  m.attention = "scaled_dot"  # Attention score function (see ATTENTION_BY_FAMILY).
+  m.emb_dim = 256  # Model width d: embeddings and residual stream.
+  m.num_heads = 4  # Attention heads; must divide emb_dim.
+  m.num_encoder_layers = 3  # Encoder blocks.
+  m.num_decoder_layers = 3  # Decoder blocks.
+  m.mlp_dim = 1024  # Hidden width of each feed-forward block.
+  m.dropout_rate = 0.1  # Dropout on embeddings, sublayer outputs and MLP hidden.
+  m.attention_dropout_rate = 0.0  # Dropout on attention weights.
+  m.share_embeddings = True  # One table for source, target and output logits.
+  m.pre_ln = True  # Pre-LayerNorm blocks (False: post-LN as in Vaswani et al.).
+  m.max_len = 256  # Longest sequence the positional encoding covers.
+
+  c.data = d = ml_collections.ConfigDict()
+  d.corpus = "multi30k"  # "multi30k", a directory of {split}.{lang}[.gz], or "tfds:<name>".
+  d.src_lang = "en"  # Source language code.
+  d.tgt_lang = "de"  # Target language code.
+  d.multi30k_dir = ""  # Where the bundled Multi30k lives ("" = data/multi30k in the repo).
+  d.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS default).
+  d.vocab_size = 8000  # Joint SentencePiece vocabulary size (soft limit on tiny corpora).
+  d.max_len = 64  # Drop training pairs longer than this many subwords (+BOS/EOS).
+  d.tokens_per_batch = 4096  # Token budget of one global training batch (padded).
+  d.bucket_step = 8  # Padded lengths are multiples of this: few shapes to compile.
+  d.max_train_examples = 0  # Use only the first N training pairs (0 = all).
+
+  c.train = t = ml_collections.ConfigDict()
+  t.num_steps = 10_000  # Optimizer steps in the whole run.
+  t.seed = 0  # Seeds parameters, batch order and dropout.
+  t.learning_rate = 1e-3  # Peak learning rate, reached at the end of warmup.
+  t.warmup_steps = 1000  # Linear warmup, then inverse-square-root decay.
+  t.adam_b1 = 0.9  # Adam beta1.
+  t.adam_b2 = 0.98  # Adam beta2.
+  t.adam_eps = 1e-9  # Adam epsilon.
+  t.weight_decay = 0.0  # Decoupled weight decay (AdamW); 0 = plain Adam.
+  t.clip_norm = 1.0  # Global gradient-norm clipping (0 = off).
+  t.label_smoothing = 0.1  # Label smoothing of the cross-entropy.
+  t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
+
+  c.eval = e = ml_collections.ConfigDict()
+  e.every_steps = 1000  # Validation loss + BLEU (and a checkpoint) every N steps.
+  e.split = "val"  # Split used for validation loss and BLEU.
+  e.batch_size = 128  # Sentences per decoding / validation batch.
+  e.max_sentences = 0  # Decode only the first N validation sentences (0 = all).
+  e.max_decode_len_a = 1.5  # Decode at most a * source_length + b tokens ...
+  e.max_decode_len_b = 10  # ... (b tokens slack).
+
+  c.checkpoint = k = ml_collections.ConfigDict()
+  k.keep = 3  # Keep the latest N checkpoints (the best by validation BLEU is kept too).
+  return c
+
+
+def _suggest(name: str, options) -> str:
+  close = difflib.get_close_matches(name, list(options), n=1)
+  return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises `UserError` naming the first bad field and how to fix it."""
+  base = base_config()
+  for section in config.keys():
+    if section not in base:
+      raise UserError(f"Unknown config section {section!r}.{_suggest(section, base.keys())}"
+                      f" Valid sections: {', '.join(base.keys())}.")
+    for key in config[section].keys():
+      if key not in base[section]:
+        raise UserError(f"Unknown config field {section}.{key}."
+                        f"{_suggest(key, base[section].keys())}")
+  m, d, t, e = config.model, config.data, config.train, config.eval
+  if m.family not in FAMILIES:
+    raise UserError(f"config.model.family={m.family!r} is not a model family;"
+                    f" use one of: {', '.join(FAMILIES)}.")
+  valid = ATTENTION_BY_FAMILY[m.family]
+  if m.attention not in valid:
+    raise UserError(f"config.model.attention={m.attention!r} is not available for the"
+                    f" {m.family}; use one of: {', '.join(valid)}.")
+  positive = {
+      "model.emb_dim": m.emb_dim, "model.num_heads": m.num_heads,
+      "model.num_encoder_layers": m.num_encoder_layers,
+      "model.num_decoder_layers": m.num_decoder_layers, "model.mlp_dim": m.mlp_dim,
+      "model.max_len": m.max_len, "data.vocab_size": d.vocab_size, "data.max_len": d.max_len,
+      "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
+      "train.num_steps": t.num_steps, "train.learning_rate": t.learning_rate,
+      "train.log_every_steps": t.log_every_steps, "eval.every_steps": e.every_steps,
+      "eval.batch_size": e.batch_size, "checkpoint.keep": config.checkpoint.keep,
+  }
+  for name, value in positive.items():
+    if not value > 0:
+      raise UserError(f"config.{name}={value} must be positive.")
+  if m.emb_dim % m.num_heads:
+    raise UserError(f"config.model.emb_dim={m.emb_dim} is not divisible by"
+                    f" config.model.num_heads={m.num_heads}; choose sizes where it is.")
+  for name in ("dropout_rate", "attention_dropout_rate"):
+    if not 0.0 <= m[name] < 1.0:
+      raise UserError(f"config.model.{name}={m[name]} must be in [0, 1).")
+  if not 0.0 <= t.label_smoothing < 1.0:
+    raise UserError(f"config.train.label_smoothing={t.label_smoothing} must be in [0, 1).")
+  padded = -(-d.max_len // d.bucket_step) * d.bucket_step
+  if padded > m.max_len:
+    raise UserError(f"config.data.max_len={d.max_len} pads to {padded} tokens, more than"
+                    f" config.model.max_len={m.max_len}; raise model.max_len.")
+  if d.src_lang == d.tgt_lang:
+    raise UserError(f"config.data.src_lang and tgt_lang are both {d.src_lang!r};"
+                    " choose two different languages.")
+
+
+def to_json(config: ml_collections.ConfigDict) -> str:
+  return json.dumps(config.to_dict(), indent=2, sort_keys=True)
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(json.loads(text))

@@ -1,0 +1,185 @@
+"""Length filtering, token-budget batches of similar lengths, per-process sharding.
+
+A batch is a dict of int32 arrays, all `[rows, L]`:
+  "src":     source ids, EOS, then PAD;
+  "tgt_in":  BOS, target ids, then PAD (the decoder's teacher-forced input);
+  "tgt_out": target ids, EOS, then PAD (what the decoder predicts).
+Source and target share L, a multiple of `bucket_step`, so only a few shapes
+ever reach the compiler. Filler rows are all PAD, which the loss ignores.
+
+Training batches are a pure function of (seed, step, process index): resuming
+at any step needs no iterator state and reproduces the uninterrupted run.
+"""
+
+import math
+
+import numpy as np
+
+from seq2seq.data.corpus import ParallelText
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from seq2seq.errors import UserError
+
+
+def encode_pairs(tokenizer: Tokenizer,
+                 text: ParallelText) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Subword ids of each side, without BOS/EOS, as int32 arrays."""
+  def encode(sentences):
+    return [np.asarray(ids, dtype=np.int32) for ids in tokenizer.encode_batch(sentences)]
+  return encode(text.src), encode(text.tgt)
+
+
+def _padded_length(length: int, bucket_step: int) -> int:
+  return bucket_step * math.ceil(length / bucket_step)
+
+
+def _fill(src_ids, tgt_ids, rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
+  """Builds one batch; `rows` holds example indices, -1 for an all-PAD filler row."""
+  batch = {k: np.full((len(rows), length), PAD_ID, np.int32)
+           for k in ("src", "tgt_in", "tgt_out")}
+  for r, i in enumerate(rows):
+    if i < 0:
+      continue
+    s, t = src_ids[i], tgt_ids[i]
+    batch["src"][r, :len(s)] = s
+    batch["src"][r, len(s)] = EOS_ID
+    batch["tgt_in"][r, 0] = BOS_ID
+    batch["tgt_in"][r, 1:len(t) + 1] = t
+    batch["tgt_out"][r, :len(t)] = t
+    batch["tgt_out"][r, len(t)] = EOS_ID
+  return batch
+
+
+class TrainBatches:
+  """Training batches of at most `tokens_per_batch` padded tokens, by global step.
+
+  Examples are bucketed by padded length L; bucket L always yields batches of
+  `rows(L)` rows, so each bucket has one shape. An epoch visits every kept
+  example exactly once, in an order drawn from (seed, epoch).
+
+  Attributes:
+    num_examples: pairs kept after length filtering.
+    num_dropped: pairs dropped (empty side, or longer than max_len with EOS/BOS).
+    batches_per_epoch: global batches in one epoch.
+    shapes: sorted distinct (rows, L) that `__call__` returns on this process.
+  """
+
+  def __init__(self, src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *,
+               tokens_per_batch: int, max_len: int, bucket_step: int, seed: int,
+               row_multiple: int = 1, process_index: int = 0, process_count: int = 1):
+    """Filters and buckets the examples.
+
+    Args:
+      src_ids: per example, `[src_length]` source ids without EOS.
+      tgt_ids: per example, `[tgt_length]` target ids without BOS/EOS.
+      tokens_per_batch: padded-token budget of one global batch (all processes).
+      max_len: longest kept sequence, counting the added EOS (or BOS).
+      bucket_step: padded lengths are multiples of this.
+      seed: seeds the batch order.
+      row_multiple: global rows per batch are a multiple of this (e.g. the number
+        of data-parallel devices); must be a multiple of `process_count`.
+      process_index: which contiguous slice of each global batch to return.
+      process_count: number of processes sharing each global batch.
+    """
+    if len(src_ids) != len(tgt_ids):
+      raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
+    if row_multiple % process_count:
+      raise ValueError(f"row_multiple={row_multiple} is not a multiple of"
+                       f" process_count={process_count}.")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
+    self._src, self._tgt = src_ids, tgt_ids
+    self._seed = seed
+    self._process_index, self._process_count = process_index, process_count
+
+    src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
+    tgt_len = np.array([len(t) for t in tgt_ids], dtype=np.int64)
+    keep = (src_len > 0) & (tgt_len > 0) & (src_len + 1 <= max_len) & (tgt_len + 1 <= max_len)
+    kept = np.flatnonzero(keep)
+    self.num_examples = len(kept)
+    self.num_dropped = len(src_ids) - len(kept)
+    if not len(kept):
+      raise UserError(f"The training corpus is empty after length filtering"
+                      f" (config.data.max_len={max_len}); raise config.data.max_len.")
+
+    lengths = np.maximum(src_len[kept], tgt_len[kept]) + 1
+    padded = bucket_step * -(-lengths // bucket_step)  # Ceiling division.
+    self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
+    self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
+                  for b in self._buckets}
+    self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
+    self.shapes = sorted((self._rows[b] // process_count, b) for b in self._buckets)
+    self._plans = {}
+
+  def _plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """The epoch's global batches in order: (L, example indices), pure in (seed, epoch)."""
+    plan = self._plans.get(epoch)
+    if plan is None:
+      rng = np.random.default_rng([self._seed, epoch])
+      batches = []
+      for length in sorted(self._buckets):
+        order = rng.permutation(self._buckets[length])
+        rows = self._rows[length]
+        batches += [(length, order[i:i + rows]) for i in range(0, len(order), rows)]
+      plan = [batches[i] for i in rng.permutation(len(batches))]
+      # Steps arrive in order, so the newest two epochs suffice. Rebinding rather
+      # than mutating the dict keeps a concurrent prefetch thread safe.
+      self._plans = dict(list(self._plans.items())[-1:] + [(epoch, plan)])
+    return plan
+
+  def __call__(self, step: int) -> dict[str, np.ndarray]:
+    """This process's rows of the global batch for `step`.
+
+    Args:
+      step: global training step, >= 0.
+
+    Returns:
+      "src", "tgt_in", "tgt_out": int32 `[rows(L) / process_count, L]`.
+    """
+    if step < 0:
+      raise ValueError(f"step={step} must be >= 0.")
+    epoch, index = divmod(step, self.batches_per_epoch)
+    length, examples = self._plan(epoch)[index]
+    rows = self._rows[length]
+    # The last batch of a bucket is short: complete it with PAD rows (-1).
+    examples = np.concatenate([examples, np.full(rows - len(examples), -1, examples.dtype)])
+    per_process = rows // self._process_count
+    start = self._process_index * per_process
+    return _fill(self._src, self._tgt, examples[start:start + per_process], length)
+
+
+def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,
+                 bucket_step: int, max_len: int | None = None) -> list[dict[str, np.ndarray]]:
+  """Every pair of a split exactly once, in batches of similar lengths.
+
+  Args:
+    src_ids: per example, `[src_length]` source ids without EOS.
+    tgt_ids: per example, `[tgt_length]` target ids without BOS/EOS.
+    batch_size: rows of every batch (the last is completed with PAD rows).
+    bucket_step: each batch's length is a multiple of this.
+    max_len: if given, truncate each side to `max_len - 1` ids so that with
+      EOS/BOS it fits in `max_len`.
+
+  Returns:
+    Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`) and
+    "index" (int32 `[batch_size]`): each row's position in the split, -1 for
+    filler rows.
+  """
+  if len(src_ids) != len(tgt_ids):
+    raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
+  if max_len is not None:
+    src_ids = [s[:max_len - 1] for s in src_ids]
+    tgt_ids = [t[:max_len - 1] for t in tgt_ids]
+  src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
+  tgt_len = np.array([len(t) for t in tgt_ids], dtype=np.int64)
+  lengths = np.maximum(src_len, tgt_len) + 1
+  # By padded length, then source length (which bounds the decoding length).
+  order = np.lexsort((src_len, lengths))
+  batches = []
+  for i in range(0, len(order), batch_size):
+    index = np.full(batch_size, -1, np.int32)
+    index[:len(order[i:i + batch_size])] = order[i:i + batch_size]
+    length = _padded_length(int(lengths[index[index >= 0]].max()), bucket_step)
+    batch = _fill(src_ids, tgt_ids, index, length)
+    batch["index"] = index
+    batches.append(batch)
+  return batches

@@ -1,0 +1,136 @@
+"""SentencePiece training and loading; the special token ids are defined here only.
+
+One joint (source + target) unigram vocabulary is trained on the training split
+once per run and stored in the workdir, so evaluating a run always uses its own
+vocabulary.
+"""
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from seq2seq.errors import UserError
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+# Reservoir-sample at most this many sentences for training: unigram training on
+# a full WMT corpus would take hours and tens of GiB, and gains nothing over a
+# sample this size. Multi30k (58k sentences) is used whole.
+_MAX_TRAINING_SENTENCES = 2_000_000
+
+
+class Tokenizer:
+  """A SentencePiece model with PAD/UNK/BOS/EOS at ids 0..3."""
+
+  def __init__(self, processor: spm.SentencePieceProcessor):
+    ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+      raise UserError(f"SentencePiece model has special ids (pad, unk, bos, eos) = {ids}, not"
+                      f" {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete it so seq2seq retrains it.")
+    self._sp = processor
+
+  @classmethod
+  def load(cls, path: str | Path) -> "Tokenizer":
+    """Loads `<something>.model` written by `train_tokenizer`."""
+    path = Path(path)
+    if not path.is_file():
+      raise UserError(f"SentencePiece model {path} does not exist; train one with"
+                      " load_or_train() or point to an existing .model file.")
+    return cls(spm.SentencePieceProcessor(model_file=str(path)))
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Subword ids of `text`, without BOS/EOS."""
+    return self._sp.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of each text; one C++ call, much faster than a Python loop."""
+    return self._sp.encode(list(texts), out_type=int)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """Detokenized text of `ids`, up to the first EOS; PAD and BOS are skipped.
+
+    Args:
+      ids: `[length]` token ids, a list or a 1-D integer array.
+    """
+    vocab_size = self.vocab_size
+    pieces = []
+    for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+      if i == EOS_ID:
+        break
+      if i in (PAD_ID, BOS_ID):
+        continue
+      # A model whose output layer is padded past the vocabulary can emit such
+      # ids early in training; evaluation must not crash on them.
+      pieces.append(i if 0 <= i < vocab_size else UNK_ID)
+    return self._sp.decode(pieces)
+
+
+def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: int,
+                    seed: int = 0) -> Tokenizer:
+  """Trains a unigram SentencePiece model and writes `<model_prefix>.model` / `.vocab`.
+
+  Args:
+    texts: training sentences (for a joint vocabulary, both languages).
+    model_prefix: output path without extension.
+    vocab_size: target vocabulary size; a soft limit, so tiny corpora get fewer.
+    seed: seeds SentencePiece's sampling, for a reproducible vocabulary.
+
+  Returns:
+    The trained tokenizer.
+  """
+  model_prefix = Path(model_prefix)
+  model_prefix.parent.mkdir(parents=True, exist_ok=True)
+  # Train under a private name and rename, so a killed run never leaves a
+  # half-written model that a later run would load.
+  tmp_prefix = model_prefix.with_name(f"{model_prefix.name}.tmp{os.getpid()}")
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(tmp_prefix),
+        model_type="unigram",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        input_sentence_size=_MAX_TRAINING_SENTENCES,
+        shuffle_input_sentence=True,
+        num_threads=1,  # Multi-threaded EM is not bit-reproducible.
+        minloglevel=2,
+    )
+  except RuntimeError as e:
+    raise UserError(f"SentencePiece training failed ({str(e).splitlines()[0]}); check that"
+                    " the training split is non-empty text.") from None
+  # The .model appears last: whoever sees it also finds the .vocab.
+  for ext in (".vocab", ".model"):
+    os.replace(f"{tmp_prefix}{ext}", f"{model_prefix}{ext}")
+  return Tokenizer.load(f"{model_prefix}.model")
+
+
+def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vocab_size: int,
+                  seed: int = 0) -> Tokenizer:
+  """Loads `<workdir>/vocab/spm.model`, training it from `texts_fn()` first if missing.
+
+  Args:
+    workdir: the run's directory.
+    texts_fn: returns the training sentences; only called when training is needed.
+    vocab_size: target vocabulary size (soft limit).
+    seed: seeds SentencePiece's sampling.
+
+  Returns:
+    The run's tokenizer.
+  """
+  path = Path(workdir) / "vocab" / "spm.model"
+  if path.is_file():
+    return Tokenizer.load(path)
+  return train_tokenizer(texts_fn(), path.with_suffix(""), vocab_size, seed=seed)

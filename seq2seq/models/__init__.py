@@ -1,0 +1,20 @@
+"""Model families behind one interface; `build_model` picks by config.model.family."""
+
+import ml_collections
+from flax import nnx
+
+from seq2seq.models.transformer import Transformer
+
+FAMILIES = {"transformer": Transformer}
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):
+  """Builds `config.model.family` with freshly initialized parameters.
+
+  Args:
+    config: the full run config (validated).
+    vocab_size: size of the joint SentencePiece vocabulary.
+    seed: parameter seed (default: config.train.seed).
+  """
+  seed = config.train.seed if seed is None else seed
+  return FAMILIES[config.model.family](config.model, vocab_size, rngs=nnx.Rngs(params=seed))

@@ -1,0 +1,214 @@
+"""Transformer encoder-decoder (Vaswani et al., 2017) in Flax NNX.
+
+The model exposes the interface shared by every family (DESIGN.md):
+`encode`, teacher-forced `decode`, and `init_cache` / `decode_step` for
+autoregressive decoding. `encode` also projects the cross-attention keys and
+values of every decoder layer, once per sentence, so decoding steps never
+recompute them. Dropout is active exactly when an `nnx.Rngs` is passed.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from seq2seq.models import masks
+from seq2seq.models.attention import MultiHeadAttention
+
+KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
+
+
+class Memory(NamedTuple):
+  """What the decoder needs from one source batch, computed once."""
+  encoded: jnp.ndarray  # [batch, src_len, dim] encoder outputs
+  src_mask: jnp.ndarray  # [batch, 1, 1, src_len] real source tokens
+  cross_kv: tuple[KeyValue, ...]  # per decoder layer: projected encoder keys/values
+
+
+class Cache(NamedTuple):
+  """Decoder self-attention state for step-by-step decoding."""
+  self_kv: tuple[KeyValue, ...]  # per decoder layer, [batch, heads, max_len, head_dim]
+  index: jnp.ndarray  # scalar int32: position of the next token
+
+
+def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
+  """Sinusoidal position encodings, `[...] -> [..., dim]` (Vaswani et al., 3.5)."""
+  inv_freq = np.exp(-np.log(10_000.0) * np.arange(0, dim, 2) / dim)
+  angles = positions[..., None].astype(jnp.float32) * inv_freq
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def _dropout(layer: nnx.Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.ndarray:
+  return layer(x, deterministic=rngs is None, rngs=rngs)
+
+
+class FeedForward(nnx.Module):
+  def __init__(self, dim: int, hidden: int, dropout_rate: float, rngs: nnx.Rngs):
+    self.wi = nnx.Linear(dim, hidden, rngs=rngs)
+    self.wo = nnx.Linear(hidden, dim, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate)
+
+  def __call__(self, x, rngs=None):
+    return self.wo(_dropout(self.dropout, jax.nn.relu(self.wi(x)), rngs))
+
+
+class Sublayers(nnx.Module):
+  """Residual connections with pre- or post-LayerNorm around each sublayer."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, count: int, rngs: nnx.Rngs):
+    self.pre_ln = cfg.pre_ln
+    self.norms = nnx.List([nnx.LayerNorm(cfg.emb_dim, rngs=rngs) for _ in range(count)])
+    self.dropout = nnx.Dropout(cfg.dropout_rate)
+
+  def input(self, i: int, x):
+    """What sublayer i sees: the normalized stream (pre-LN) or the stream itself."""
+    return self.norms[i](x) if self.pre_ln else x
+
+  def output(self, i: int, x, y, rngs):
+    """Adds sublayer i's output `y` back to the stream `x`."""
+    x = x + _dropout(self.dropout, y, rngs)
+    return x if self.pre_ln else self.norms[i](x)
+
+
+def _attention(cfg, rngs):
+  return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=cfg.attention,
+                            dropout_rate=cfg.attention_dropout_rate, rngs=rngs)
+
+
+class EncoderLayer(nnx.Module):
+  def __init__(self, cfg, rngs):
+    self.self_attention = _attention(cfg, rngs)
+    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs)
+    self.sub = Sublayers(cfg, 2, rngs)
+
+  def __call__(self, x, mask, rngs=None):
+    h = self.sub.input(0, x)
+    x = self.sub.output(0, x, self.self_attention(h, *self.self_attention.project_kv(h), mask,
+                                                  rngs=rngs), rngs)
+    return self.sub.output(1, x, self.mlp(self.sub.input(1, x), rngs), rngs)
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg, rngs):
+    self.self_attention = _attention(cfg, rngs)
+    self.cross_attention = _attention(cfg, rngs)
+    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs)
+    self.sub = Sublayers(cfg, 3, rngs)
+
+  def __call__(self, x, self_mask, cross_kv, cross_mask, *, cache=None, index=None, rngs=None,
+               return_weights=False):
+    """One decoder block.
+
+    Args:
+      x: `[batch, t, dim]` target stream (t = 1 when stepping with a cache).
+      self_mask: broadcastable to `[batch, heads, t, keys]`.
+      cross_kv: this layer's projected encoder keys/values.
+      cross_mask: `[batch, 1, 1, src_len]`.
+      cache: this layer's `(keys, values)` cache, `[batch, heads, max_len, head_dim]`, or None.
+      index: scalar position written in the cache.
+
+    Returns:
+      (x, the keys/values self-attention used: the updated cache when stepping),
+      plus the cross-attention weights when `return_weights`.
+    """
+    h = self.sub.input(0, x)
+    keys, values = self.self_attention.project_kv(h)
+    if cache is not None:
+      keys = jax.lax.dynamic_update_slice(cache[0], keys.astype(cache[0].dtype), (0, 0, index, 0))
+      values = jax.lax.dynamic_update_slice(cache[1], values.astype(cache[1].dtype),
+                                            (0, 0, index, 0))
+    x = self.sub.output(0, x, self.self_attention(h, keys, values, self_mask, rngs=rngs), rngs)
+    cross, weights = self.cross_attention(self.sub.input(1, x), *cross_kv, cross_mask, rngs=rngs,
+                                          return_weights=True)
+    x = self.sub.output(1, x, cross, rngs)
+    x = self.sub.output(2, x, self.mlp(self.sub.input(2, x), rngs), rngs)
+    return (x, (keys, values), weights) if return_weights else (x, (keys, values))
+
+
+class Transformer(nnx.Module):
+  """Encoder-decoder Transformer; see the module docstring for the interface."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs):
+    self.dim = cfg.emb_dim
+    self.num_heads = cfg.num_heads
+    embed = lambda: nnx.Embed(  # noqa: E731
+        vocab_size, cfg.emb_dim, rngs=rngs,
+        embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5))
+    self.src_embed = embed()
+    # Sharing one table ties source, target and output (Press & Wolf, 2017).
+    self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
+    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(cfg.emb_dim, vocab_size,
+                                                                     rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout_rate)
+    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs)
+                                    for _ in range(cfg.num_encoder_layers)])
+    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs)
+                                    for _ in range(cfg.num_decoder_layers)])
+    # Pre-LN leaves the residual stream unnormalized: normalize the stack outputs.
+    final_norm = lambda: nnx.LayerNorm(cfg.emb_dim, rngs=rngs) if cfg.pre_ln else None  # noqa: E731
+    self.encoder_norm, self.decoder_norm = final_norm(), final_norm()
+
+  def _embed(self, table: nnx.Embed, ids, positions, rngs):
+    x = table(ids) * jnp.sqrt(self.dim) + sinusoidal_positions(positions, self.dim)
+    return _dropout(self.dropout, x, rngs)
+
+  def _logits(self, y):
+    if self.decoder_norm is not None:
+      y = self.decoder_norm(y)
+    if self.logits_dense is None:
+      return self.tgt_embed.attend(y).astype(jnp.float32)
+    return self.logits_dense(y).astype(jnp.float32)
+
+  def encode(self, src_ids: jnp.ndarray, *, rngs: nnx.Rngs | None = None) -> Memory:
+    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded)."""
+    src_mask = masks.padding_mask(src_ids)
+    x = self._embed(self.src_embed, src_ids, jnp.arange(src_ids.shape[1]), rngs)
+    for layer in self.encoder_layers:
+      x = layer(x, src_mask, rngs)
+    if self.encoder_norm is not None:
+      x = self.encoder_norm(x)
+    cross_kv = tuple(layer.cross_attention.project_kv(x) for layer in self.decoder_layers)
+    return Memory(x, src_mask, cross_kv)
+
+  def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
+             rngs: nnx.Rngs | None = None) -> jnp.ndarray:
+    """Teacher-forced decoding: `tgt_in_ids [batch, t]` -> logits `[batch, t, vocab]`."""
+    y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), rngs)
+    self_mask = masks.decoder_self_mask(tgt_in_ids)
+    for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
+      y, _ = layer(y, self_mask, kv, memory.src_mask, rngs=rngs)
+    return self._logits(y)
+
+  def cross_attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
+    """`[layers, batch, heads, t, src_len]` cross-attention weights (for pictures)."""
+    y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), None)
+    self_mask = masks.decoder_self_mask(tgt_in_ids)
+    all_weights = []
+    for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
+      y, _, weights = layer(y, self_mask, kv, memory.src_mask, return_weights=True)
+      all_weights.append(weights)
+    return jnp.stack(all_weights)
+
+  def init_cache(self, memory: Memory, max_len: int) -> Cache:
+    """An empty cache for decoding up to `max_len` target tokens."""
+    batch = memory.encoded.shape[0]
+    shape = (batch, self.num_heads, max_len, self.dim // self.num_heads)
+    dtype = memory.encoded.dtype
+    zeros = lambda: jnp.zeros(shape, dtype)  # noqa: E731
+    return Cache(tuple((zeros(), zeros()) for _ in self.decoder_layers),
+                 jnp.zeros((), jnp.int32))
+
+  def decode_step(self, memory: Memory, cache: Cache,
+                  token_ids: jnp.ndarray) -> tuple[jnp.ndarray, Cache]:
+    """Feeds `token_ids [batch]` at position `cache.index`; returns `[batch, vocab]` logits."""
+    y = self._embed(self.tgt_embed, token_ids[:, None], cache.index[None], None)  # [batch, 1, dim]
+    self_mask = masks.cache_mask(cache.index, cache.self_kv[0][0].shape[2])
+    new_kv = []
+    for layer, kv, layer_cache in zip(self.decoder_layers, memory.cross_kv, cache.self_kv,
+                                      strict=True):
+      y, updated = layer(y, self_mask, kv, memory.src_mask, cache=layer_cache, index=cache.index)
+      new_kv.append(updated)
+    return self._logits(y)[:, 0], Cache(tuple(new_kv), cache.index + 1)

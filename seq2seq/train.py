@@ -1,0 +1,335 @@
+"""Training: optimizer, schedule, pure step functions and the run driver.
+
+`train_and_evaluate(config, workdir)` creates or resumes the run in `workdir`.
+The model crosses the jit boundary as `nnx.split` state; step functions are
+pure, jitted once per batch shape over a device mesh with a `data` axis, and
+the train state is donated. Batches and dropout keys are functions of the
+step, so a resumed run sees exactly what the uninterrupted run would have.
+"""
+
+import functools
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from seq2seq import config as config_lib
+from seq2seq import decoding, evaluate
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
+
+log = logging.getLogger("seq2seq")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray  # scalar int32: optimizer steps taken
+  params: nnx.State
+  opt_state: optax.OptState
+
+
+def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup to `t.learning_rate`, then inverse-square-root decay (Vaswani et al.)."""
+  warmup = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
+
+  def inverse_sqrt(steps_after_warmup):
+    # join_schedules evaluates this before the boundary too (negative steps): keep it finite.
+    elapsed = jnp.maximum(t.warmup_steps + steps_after_warmup, 1)
+    return t.learning_rate * jnp.sqrt(jnp.maximum(t.warmup_steps, 1) / elapsed)
+
+  return optax.join_schedules([warmup, inverse_sqrt], [t.warmup_steps])
+
+
+def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  adam = optax.adamw(learning_rate_schedule(t), b1=t.adam_b1, b2=t.adam_b2, eps=t.adam_eps,
+                     weight_decay=t.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(t.clip_norm), adam) if t.clip_norm else adam
+
+
+def cross_entropy(logits, targets, label_smoothing: float):
+  """Summed label-smoothed loss and NLL over non-PAD targets.
+
+  Args:
+    logits: `[batch, t, vocab]` float32.
+    targets: `[batch, t]` ids, PAD_ID where there is no target.
+
+  Returns:
+    dict of sums: `loss` (smoothed), `nll` (unsmoothed), `tokens` (count).
+  """
+  weights = (targets != tokenizer.PAD_ID).astype(jnp.float32)
+  soft = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
+  loss = optax.softmax_cross_entropy(logits, soft)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
+          "tokens": jnp.sum(weights)}
+
+
+def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
+               label_smoothing: float):
+  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`."""
+  # Folding in the step makes dropout a function of the step: resume is exact.
+  step_key = jax.random.fold_in(dropout_key, state.step)
+
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params)
+    rngs = nnx.Rngs(dropout=step_key)
+    logits = model.decode(model.encode(batch["src"], rngs=rngs), batch["tgt_in"], rngs=rngs)
+    sums = cross_entropy(logits, batch["tgt_out"], label_smoothing)
+    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+
+  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(sums, grad_norm=optax.global_norm(grads))
+  return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def eval_step(params, batch, *, graphdef):
+  """Summed NLL and token count of a batch, without dropout or smoothing."""
+  model = nnx.merge(graphdef, params)
+  logits = model.decode(model.encode(batch["src"]), batch["tgt_in"])
+  return cross_entropy(logits, batch["tgt_out"], 0.0)
+
+
+def translate_step(params, src, *, graphdef, eval_config, max_len_limit: int):
+  """Greedy translations `[batch, max_len]` of `src [batch, src_len]`."""
+  model = nnx.merge(graphdef, params)
+  max_len = decoding.max_decode_len(src.shape[1], eval_config.max_decode_len_a,
+                                    eval_config.max_decode_len_b, max_len_limit)
+  memory = model.encode(src)
+  cache = model.init_cache(memory, max_len)
+  return decoding.greedy_search(functools.partial(model.decode_step, memory), cache,
+                                src.shape[0], max_len)
+
+
+class MetricsWriter:
+  """`metrics.jsonl` and TensorBoard events; silent on all but process 0."""
+
+  def __init__(self, workdir: Path):
+    self.enabled = jax.process_index() == 0
+    if self.enabled:
+      import tensorboardX  # Only the writing process needs it.
+      self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+      self.tensorboard = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
+
+  def write(self, step: int, split: str, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    self.jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+    self.jsonl.flush()
+    for name, value in metrics.items():
+      if isinstance(value, (int, float)):
+        self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+    self.tensorboard.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self.jsonl.close()
+      self.tensorboard.close()
+
+
+def _check_workdir_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a run whose model or data differ from `config`."""
+  path = workdir / "config.json"
+  if path.exists():
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    for section in ("model", "data"):
+      for key, value in config[section].to_dict().items():
+        if saved.get(section, {}).get(key, value) != value:
+          raise UserError(
+              f"{workdir} holds a run with config.{section}.{key}="
+              f"{saved[section][key]!r}, not {value!r}; use a new --workdir or the run's config.")
+
+
+def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
+  """Trains the run's SentencePiece model once (process 0), then every process loads it."""
+  if jax.process_index() == 0:
+    tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
+                                  config.data.vocab_size, seed=config.train.seed)
+  multihost_utils.sync_global_devices("tokenizer")
+  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(
+      workdir / "vocab" / "spm.model")
+
+
+class Trainer:
+  """Everything a run needs, built once: data, model, compiled steps, mesh."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
+    self.config = config
+    d = config.data
+    train_text = corpus.read_split(d, "train")
+    if d.max_train_examples:
+      train_text = corpus.ParallelText(train_text.src[:d.max_train_examples],
+                                       train_text.tgt[:d.max_train_examples])
+    self.val_text = corpus.read_split(d, config.eval.split)
+    if config.eval.max_sentences:
+      n = config.eval.max_sentences
+      self.val_text = corpus.ParallelText(self.val_text.src[:n], self.val_text.tgt[:n])
+    self.tokenizer = _load_tokenizer(workdir, train_text, config)
+
+    # Auto axes: XLA propagates the batch sharding and inserts the gradient all-reduce.
+    self.mesh = jax.make_mesh((jax.device_count(),), ("data",),
+                              axis_types=(jax.sharding.AxisType.Auto,))
+    self.replicated = NamedSharding(self.mesh, P())
+    self.data_sharding = NamedSharding(self.mesh, P("data"))
+    src, tgt = batching.encode_pairs(self.tokenizer, train_text)
+    self.train_batches = batching.TrainBatches(
+        src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
+        bucket_step=d.bucket_step, seed=config.train.seed, row_multiple=jax.device_count(),
+        process_index=jax.process_index(), process_count=jax.process_count())
+    if config.eval.batch_size % jax.device_count():
+      raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
+                      f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
+    val_src, val_tgt = batching.encode_pairs(self.tokenizer, self.val_text)
+    self.val_batches = batching.eval_batches(
+        val_src, val_tgt, batch_size=config.eval.batch_size, bucket_step=d.bucket_step,
+        max_len=config.model.max_len)
+
+    model = build_model(config, self.tokenizer.vocab_size)
+    self.graphdef, params = nnx.split(model, nnx.Param)
+    self.num_params = sum(x.size for x in jax.tree.leaves(params))
+    self.optimizer = make_optimizer(config.train)
+    self.params_init = params
+    self.dropout_key = jax.device_put(jax.random.key(config.train.seed), self.replicated)
+
+    def init_state(params):
+      return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
+
+    self.init_state = jax.jit(init_state, out_shardings=self.replicated)
+    self.train_step = jax.jit(
+        functools.partial(train_step, graphdef=self.graphdef, optimizer=self.optimizer,
+                          label_smoothing=config.train.label_smoothing),
+        in_shardings=(self.replicated, self.data_sharding, self.replicated),
+        out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+    self.eval_step = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
+                             in_shardings=(self.replicated, self.data_sharding),
+                             out_shardings=self.replicated)
+    self.translate_step = jax.jit(
+        functools.partial(translate_step, graphdef=self.graphdef, eval_config=config.eval,
+                          max_len_limit=config.model.max_len),
+        in_shardings=(self.replicated, self.data_sharding), out_shardings=self.data_sharding)
+
+  def new_state(self) -> TrainState:
+    return self.init_state(self.params_init)
+
+  def to_device(self, local_batch: dict) -> dict:
+    """Process-local numpy rows -> global arrays sharded along the `data` axis."""
+    return {k: jax.make_array_from_process_local_data(self.data_sharding, v)
+            for k, v in local_batch.items() if k != "index"}
+
+  def _local_rows(self, batch: dict) -> dict:
+    """This process's contiguous share of a global (every-process-identical) batch."""
+    p, n = jax.process_index(), jax.process_count()
+    rows = len(batch["src"]) // n
+    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
+
+  def evaluate(self, params) -> dict:
+    """Validation loss/perplexity and greedy-decoding sacreBLEU."""
+    sums = {"nll": 0.0, "tokens": 0.0}
+    for batch in self.val_batches:
+      out = self.eval_step(params, self.to_device(self._local_rows(batch)))
+      sums = {k: sums[k] + float(out[k]) for k in sums}
+    loss = sums["nll"] / max(sums["tokens"], 1.0)
+
+    def translate(batch):
+      ids = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
+      return np.asarray(multihost_utils.process_allgather(ids, tiled=True))
+
+    hypotheses = evaluate.translate_batches(translate, self.val_batches, self.tokenizer.decode,
+                                            len(self.val_text))
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+            **evaluate.bleu(hypotheses, self.val_text.tgt),
+            "example": hypotheses[0]}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+  """Trains `config` in `workdir`, resuming if it already holds a run.
+
+  Returns:
+    The last validation metrics (with `step`), or the saved ones if the run
+    was already complete.
+  """
+  config_lib.validate(config)
+  workdir = Path(workdir)
+  _check_workdir_config(workdir, config)
+  num_steps = config.train.num_steps
+  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+  latest = checkpoints.latest_step()
+  if latest is not None and latest >= num_steps:
+    message = (f"The run in {workdir} is complete: its checkpoint is at step {latest} and"
+               f" config.train.num_steps={num_steps}. Nothing to do; pass a larger"
+               " --config.train.num_steps to train further.")
+    log.info(message)
+    checkpoints.close()
+    return {"step": latest, "complete": True, **(checkpoints.manager.metrics(latest) or {})}
+
+  if jax.process_index() == 0:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config_lib.to_json(config), encoding="utf-8")
+  trainer = Trainer(config, workdir)
+  state = trainer.new_state()
+  if latest is not None:
+    state = checkpoints.restore(latest, state)
+    log.info("Resumed %s at step %d.", workdir, latest)
+  start = int(state.step)
+  log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
+           " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
+           trainer.train_batches.num_examples, trainer.train_batches.num_dropped,
+           trainer.train_batches.batches_per_epoch, jax.device_count())
+
+  writer = MetricsWriter(workdir)
+  progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
+                       mininterval=2.0, disable=jax.process_index() != 0)
+  pending, last_eval = [], {}
+  interval_start, train_start = time.perf_counter(), time.perf_counter()
+  try:
+    for step in range(start, num_steps):
+      batch = trainer.to_device(trainer.train_batches(step))
+      state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
+      pending.append(metrics)
+      done = step + 1
+      if done % config.train.log_every_steps == 0 or done == num_steps:
+        summed = jax.tree.map(lambda *xs: float(sum(xs)), *jax.device_get(pending))
+        elapsed = time.perf_counter() - interval_start
+        train_loss = summed["loss"] / max(summed["tokens"], 1.0)
+        if not math.isfinite(train_loss):
+          raise UserError(f"The training loss is {train_loss} at step {done}; the last good"
+                          f" checkpoint is step {checkpoints.latest_step()}. Lower"
+                          " config.train.learning_rate or raise config.train.warmup_steps.")
+        record = {"loss": train_loss, "nll": summed["nll"] / max(summed["tokens"], 1.0),
+                  "grad_norm": summed["grad_norm"] / len(pending),
+                  "learning_rate": float(learning_rate_schedule(config.train)(step)),
+                  "tokens_per_sec": summed["tokens"] / elapsed}
+        writer.write(done, "train", record)
+        progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+        progress.update(done - progress.n)
+        pending, interval_start = [], time.perf_counter()
+      if done % config.eval.every_steps == 0 or done == num_steps:
+        last_eval = {"step": done, **trainer.evaluate(state.params)}
+        last_eval["train_wall_seconds"] = time.perf_counter() - train_start
+        writer.write(done, config.eval.split, last_eval)
+        checkpoints.save(done, state, metrics={"bleu": last_eval["bleu"],
+                                                "loss": last_eval["loss"]})
+        progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
+                       f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
+        interval_start = time.perf_counter()  # Evaluation time is not training throughput.
+  finally:
+    progress.close()
+    writer.close()
+    checkpoints.close()
+  return last_eval

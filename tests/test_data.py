@@ -1,0 +1,334 @@
+"""Tests of seq2seq.data: tokenizer, corpus reading and batching."""
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from seq2seq.config import base_config
+from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.errors import UserError
+
+MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
+WORDS = ("ein mann eine frau hund katze läuft sitzt auf dem roten blauen grünen ball"
+         " straße wasser springt über spielt mit kind kinder zwei drei").split()
+
+
+def _sentences(n: int, seed: int = 0) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(WORDS, rng.integers(1, 12))) for _ in range(n)]
+
+
+def _raises(match: str, fn, *args):
+  """Calls fn(*args), expecting a one-line UserError containing `match`."""
+  with pytest.raises(UserError, match=match) as info:
+    fn(*args)
+  assert "\n" not in str(info.value)
+  return str(info.value)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> tokenizer.Tokenizer:
+  prefix = tmp_path_factory.mktemp("spm") / "spm"
+  return tokenizer.train_tokenizer(_sentences(300), prefix, vocab_size=100)
+
+
+# --- tokenizer ---------------------------------------------------------------
+
+
+def test_special_ids_are_0_to_3(tmp_path):
+  assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+  tokenizer.train_tokenizer(_sentences(200), tmp_path / "m", vocab_size=60)
+  sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+  assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+  assert (tmp_path / "m.vocab").is_file()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["m.model", "m.vocab"]  # No temp files.
+
+
+def test_encode_decode_round_trip(tok):
+  for text in _sentences(50, seed=1):
+    ids = tok.encode(text)
+    assert ids and not {PAD_ID, BOS_ID, EOS_ID} & set(ids)
+    assert all(4 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+    # Decoder output: BOS first, stop at EOS, PAD skipped, numpy input.
+    decoded = np.array([BOS_ID, *ids[:1], PAD_ID, *ids[1:], EOS_ID, *ids, PAD_ID], np.int32)
+    assert tok.decode(decoded) == text
+  assert tok.decode([EOS_ID, *tok.encode("ein mann")]) == ""
+  assert tok.decode(tok.encode("ein mann") + [tok.vocab_size + 5]).startswith("ein mann")
+
+
+def test_training_is_deterministic(tmp_path):
+  texts = _sentences(300, seed=2)
+  tokenizer.train_tokenizer(texts, tmp_path / "a", vocab_size=80, seed=3)
+  tokenizer.train_tokenizer(texts, tmp_path / "b", vocab_size=80, seed=3)
+  # The files differ only in the recorded model_prefix: compare the vocabularies.
+  a, b = (spm.SentencePieceProcessor(model_file=str(tmp_path / f"{n}.model")) for n in "ab")
+  assert a.vocab_size() == b.vocab_size() > 4
+  assert all(a.id_to_piece(i) == b.id_to_piece(i) and a.get_score(i) == b.get_score(i)
+             for i in range(a.vocab_size()))
+
+
+def test_load_or_train_trains_once(tmp_path):
+  calls = []
+
+  def texts_fn():
+    calls.append(1)
+    return iter(_sentences(300))
+
+  first = tokenizer.load_or_train(tmp_path, texts_fn, vocab_size=80)
+  model = tmp_path / "vocab" / "spm.model"
+  mtime = model.stat().st_mtime_ns
+  second = tokenizer.load_or_train(tmp_path, texts_fn, vocab_size=80)
+  assert len(calls) == 1
+  assert model.stat().st_mtime_ns == mtime
+  assert second.vocab_size == first.vocab_size
+  assert second.encode("zwei kinder spielt") == first.encode("zwei kinder spielt")
+
+
+def test_load_missing_model(tmp_path):
+  _raises(str(tmp_path / "nope.model"), tokenizer.Tokenizer.load, tmp_path / "nope.model")
+
+
+# --- corpus ------------------------------------------------------------------
+
+
+def _data_config(**overrides) -> ml_collections.ConfigDict:
+  config = base_config().data
+  config.update(overrides)
+  return config
+
+
+def test_multi30k_sizes_and_alignment():
+  config = _data_config()
+  sizes = {split: len(corpus.read_split(config, split)) for split in corpus.SPLITS}
+  assert sizes == {"train": 29000, "val": 1014, "test": 1000}
+  train = corpus.read_split(config, "train")
+  assert train.src[0] and train.tgt[0]
+  val = corpus.read_split(config, "val")
+  for lang, side in (("en", val.src), ("de", val.tgt)):
+    with gzip.open(MULTI30K / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
+      assert side[0] == f.readline().rstrip("\n")
+  assert val.src[0].startswith("A group of men") and val.tgt[0].startswith("Eine Gruppe")
+
+
+def test_multi30k_options():
+  config = _data_config(src_lang="fr", tgt_lang="cs", multi30k_dir=str(MULTI30K),
+                        max_train_examples=5)
+  assert len(corpus.read_split(config, "train")) == 5
+  assert len(corpus.read_split(config, "val")) == 1014  # The limit is for training only.
+  message = _raises("xx", corpus.read_split, _data_config(tgt_lang="xx"), "train")
+  assert "cs, de, en, fr" in message
+  _raises("split", corpus.read_split, _data_config(), "dev")
+
+
+def _write(path: Path, data: bytes):
+  if path.suffix == ".gz":
+    data = gzip.compress(data)
+  path.write_bytes(data)
+
+
+def test_local_directory(tmp_path):
+  _write(tmp_path / "train.en", "a b\r\n  spaced  \r\nline\u2028sep\n\nlast".encode())
+  _write(tmp_path / "train.de.gz", b"x\ny \nz\n\nw\n")
+  text = corpus.read_split(_data_config(corpus=str(tmp_path)), "train")
+  assert text.src == ["a b", "  spaced  ", "line\u2028sep", "", "last"]
+  assert text.tgt == ["x", "y ", "z", "", "w"]
+  assert len(text) == 5
+
+
+def test_local_directory_errors(tmp_path):
+  config = _data_config(corpus=str(tmp_path))
+  _write(tmp_path / "train.en", b"one\ntwo\nthree\n")
+  message = _raises("train", corpus.read_split, config, "train")
+  assert str(tmp_path / "train.de") in message
+
+  _write(tmp_path / "train.de.gz", b"eins\nzwei\n")
+  message = _raises("3 lines", corpus.read_split, config, "train")
+  assert "2" in message and "train.en" in message and "train.de.gz" in message
+
+  _write(tmp_path / "val.en", b"ok\nfine\n\xff\xfe bad\n")
+  _write(tmp_path / "val.de", b"a\nb\nc\n")
+  message = _raises("line 3", corpus.read_split, config, "val")
+  assert str(tmp_path / "val.en") in message
+
+  _raises("multi30k", corpus.read_split, _data_config(corpus=str(tmp_path / "no")), "train")
+
+
+def test_tensorflow_not_imported_without_tfds():
+  code = ("import sys; from seq2seq.config import base_config; from seq2seq.data import corpus,"
+          " batching; corpus.read_split(base_config().data, 'val');"
+          " assert not {'tensorflow', 'tensorflow_datasets'} & set(sys.modules)")
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tfds_mock(tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  config = _data_config(corpus="tfds:wmt14_translate/de-en", src_lang="en", tgt_lang="de")
+  with tfds.testing.mock_data(num_examples=8):
+    text = corpus.read_split(config, "train")
+    assert len(text) == 8
+    assert all(isinstance(s, str) for s in text.src + text.tgt)
+    assert len(corpus.read_split(config, "val")) == 8
+    config.max_train_examples = 3
+    assert len(corpus.read_split(config, "train")) == 3
+    message = _raises("fr", corpus.read_split, _data_config(corpus=config.corpus,
+                                                            src_lang="fr"), "train")
+    assert "de, en" in message
+
+  tok = tokenizer.train_tokenizer(text.src + text.tgt, tmp_path / "spm", vocab_size=50)
+  src_ids, tgt_ids = batching.encode_pairs(tok, text)
+  batches = batching.TrainBatches(src_ids, tgt_ids, tokens_per_batch=256, max_len=64,
+                                  bucket_step=8, seed=0)
+  batch = batches(0)
+  assert sorted(batch) == ["src", "tgt_in", "tgt_out"]
+  assert all(v.dtype == np.int32 and v.ndim == 2 for v in batch.values())
+  assert batch["src"].shape == batch["tgt_in"].shape == batch["tgt_out"].shape
+
+
+# --- batching ----------------------------------------------------------------
+
+
+def _synthetic(n: int = 300, seed: int = 0):
+  """Random pairs whose first two source ids encode the example index."""
+  rng = np.random.default_rng(seed)
+  src, tgt = [], []
+  for i in range(n):
+    head = [4 + i // 100, 4 + i % 100]
+    src.append(np.array(head + list(rng.integers(4, 200, rng.integers(0, 30))), np.int32))
+    tgt.append(np.array(rng.integers(4, 200, rng.integers(1, 35)), np.int32))
+  return src, tgt
+
+
+def _row_index(src_row: np.ndarray) -> int:
+  return int((src_row[0] - 4) * 100 + src_row[1] - 4)
+
+
+def _strip(row: np.ndarray) -> list[int]:
+  return row[row != PAD_ID].tolist()
+
+
+KW = dict(tokens_per_batch=256, max_len=30, bucket_step=8)
+
+
+def test_train_batches_pure_and_seeded():
+  src, tgt = _synthetic()
+  a = batching.TrainBatches(src, tgt, seed=1, **KW)
+  b = batching.TrainBatches(src, tgt, seed=1, **KW)
+  c = batching.TrainBatches(src, tgt, seed=2, **KW)
+  steps = [0, 1, 3 * a.batches_per_epoch + 2, 5, a.batches_per_epoch - 1, a.batches_per_epoch]
+  for step in steps:
+    x, y = a(step), b(step)
+    assert all(np.array_equal(x[k], y[k]) for k in x)
+  def order(batches):
+    return [(batches(s)["src"].shape, batches(s)["src"].tobytes()) for s in range(5)]
+  assert order(a) != order(c)
+
+
+def test_train_batches_cover_epoch_exactly_once():
+  src, tgt = _synthetic()
+  batches = batching.TrainBatches(src, tgt, seed=0, **KW)
+  kept = {i for i in range(len(src)) if len(src[i]) + 1 <= 30 and len(tgt[i]) + 1 <= 30}
+  assert batches.num_examples == len(kept) and batches.num_dropped == len(src) - len(kept)
+  assert 0 < batches.num_dropped  # The data really has too-long pairs.
+  bpe = batches.batches_per_epoch
+  orders = []
+  for epoch in range(2):
+    seen, fillers = [], 0
+    for step in range(epoch * bpe, (epoch + 1) * bpe):
+      batch = batches(step)
+      rows, length = batch["src"].shape
+      assert (rows, length) in batches.shapes
+      assert length % 8 == 0
+      assert rows == max(1, 256 // length)
+      for r in range(rows):
+        if not batch["src"][r].any():
+          assert not batch["tgt_in"][r].any() and not batch["tgt_out"][r].any()
+          fillers += 1
+          continue
+        i = _row_index(batch["src"][r])
+        seen.append(i)
+        assert _strip(batch["src"][r]) == [*src[i], EOS_ID]
+        assert _strip(batch["tgt_in"][r]) == [BOS_ID, *tgt[i]]
+        assert _strip(batch["tgt_out"][r]) == [*tgt[i], EOS_ID]
+    assert sorted(seen) == sorted(kept)
+    assert fillers > 0  # Partial batches exist and are padded with PAD rows.
+    orders.append(seen)
+  assert orders[0] != orders[1]  # Each epoch is reshuffled.
+
+
+def test_train_batches_shift_and_eos():
+  src, tgt = _synthetic()
+  batches = batching.TrainBatches(src, tgt, seed=0, **KW)
+  for step in range(10):
+    b = batches(step)
+    real = b["tgt_in"][:, 1:] != PAD_ID
+    np.testing.assert_array_equal(b["tgt_in"][:, 1:][real], b["tgt_out"][:, :-1][real])
+    used = b["src"].any(axis=1)
+    assert (b["tgt_in"][used, 0] == BOS_ID).all()
+    for name in ("src", "tgt_out"):
+      last = (b[name] != PAD_ID).sum(axis=1) - 1
+      assert (b[name][used, last[used]] == EOS_ID).all()
+    assert b["src"].shape[1] <= 32  # max_len 30 rounded up to the bucket step.
+
+
+def test_train_batches_process_sharding():
+  src, tgt = _synthetic()
+  kw = dict(KW, seed=4, row_multiple=2)
+  whole = batching.TrainBatches(src, tgt, **kw)
+  parts = [batching.TrainBatches(src, tgt, process_index=p, process_count=2, **kw)
+           for p in range(2)]
+  assert parts[0].shapes == [(rows // 2, length) for rows, length in whole.shapes]
+  for step in range(whole.batches_per_epoch + 3):
+    full = whole(step)
+    for k in full:
+      np.testing.assert_array_equal(np.concatenate([p(step)[k] for p in parts]), full[k])
+    assert full["src"].shape[0] % 2 == 0
+  with pytest.raises(ValueError, match="row_multiple"):
+    batching.TrainBatches(src, tgt, process_count=2, **KW, seed=0)
+
+
+def test_train_batches_empty_after_filtering():
+  src, tgt = _synthetic(20)
+  _raises("max_len=3", lambda: batching.TrainBatches(src, tgt, tokens_per_batch=64, max_len=3,
+                                                     bucket_step=8, seed=0))
+  empty, ids = np.zeros(0, np.int32), np.array([5, 6], np.int32)
+  one = batching.TrainBatches([ids, empty, ids], [empty, ids, ids], seed=0, **KW)
+  assert (one.num_examples, one.num_dropped, one.batches_per_epoch) == (1, 2, 1)
+  _raises("max_len", lambda: batching.TrainBatches([empty] * 3, [empty] * 3, seed=0, **KW))
+
+
+def test_eval_batches_cover_split_once():
+  src, tgt = _synthetic(103)
+  src[5] = np.array([4, 9], np.int32)
+  tgt[5] = np.zeros(0, np.int32)  # Empty sides are kept in evaluation.
+  batches = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8)
+  assert len(batches) == 7
+  seen, lengths = [], []
+  for b in batches:
+    assert b["index"].dtype == np.int32 and b["index"].shape == (16,)
+    assert all(b[k].shape[0] == 16 and b[k].shape[1] % 8 == 0 and b[k].dtype == np.int32
+               for k in ("src", "tgt_in", "tgt_out"))
+    lengths.append(b["src"].shape[1])
+    for r, i in enumerate(b["index"]):
+      if i < 0:
+        assert not b["src"][r].any() and not b["tgt_out"][r].any()
+        continue
+      seen.append(int(i))
+      assert _strip(b["src"][r]) == [*src[i], EOS_ID]
+      assert _strip(b["tgt_in"][r]) == [BOS_ID, *tgt[i]]
+      assert _strip(b["tgt_out"][r]) == [*tgt[i], EOS_ID]
+  assert sorted(seen) == list(range(103))
+  assert lengths == sorted(lengths)  # Sorted by length: compact batches.
+
+  truncated = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8, max_len=10)
+  for b in truncated:
+    for k in ("src", "tgt_in", "tgt_out"):
+      assert b[k].shape[1] <= 16 and (b[k] != PAD_ID).sum(axis=1).max() <= 10
+  assert sorted(i for b in truncated for i in b["index"] if i >= 0) == list(range(103))

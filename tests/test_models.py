@@ -1,0 +1,99 @@
+"""Transformer invariants: masking, cached decoding, dropout, config reaching the model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq.models import attention, build_model, masks
+from seq2seq.models.transformer import sinusoidal_positions
+
+VOCAB = 40
+
+
+@pytest.fixture(params=[True, False], ids=["pre_ln", "post_ln"])
+def model(request, tiny_config):
+  tiny_config.model.pre_ln = request.param
+  tiny_config.model.num_encoder_layers = 2
+  tiny_config.model.num_decoder_layers = 2
+  return build_model(tiny_config, VOCAB)
+
+
+SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # EOS=3, PAD=0
+TGT = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])  # BOS=2
+
+
+def test_padded_key_gets_exactly_zero_weight():
+  scores = jax.random.normal(jax.random.key(0), (2, 3, 4, 6))
+  mask = masks.padding_mask(SRC)
+  weights = attention.masked_softmax(scores, mask)
+  padded = np.broadcast_to(~np.asarray(mask), weights.shape)
+  assert np.all(np.asarray(weights)[padded] == 0.0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+  # A fully masked row (a padding query) gets no weight at all, not a uniform spread.
+  assert np.all(attention.masked_softmax(scores, jnp.zeros((1, 1, 1, 6), bool)) == 0.0)
+
+
+def test_causal_mask_blocks_future_positions():
+  scores = jax.random.normal(jax.random.key(1), (2, 1, 5, 5))
+  weights = np.asarray(attention.masked_softmax(scores, masks.decoder_self_mask(TGT)))
+  assert np.all(np.triu(weights[0, 0], k=1) == 0.0)
+  assert np.all(weights[1, 0, :, 3:] == 0.0)  # padded target keys
+
+
+def test_padding_does_not_change_encoder_outputs(model):
+  """Appending PAD to a source leaves every real position's encoding unchanged."""
+  short = model.encode(SRC[:, :5]).encoded
+  long = model.encode(jnp.pad(SRC, ((0, 0), (0, 3)))).encoded
+  np.testing.assert_allclose(short[0, :5], long[0, :5], atol=1e-5)
+
+
+def test_decode_step_reproduces_teacher_forced_decode(model):
+  memory = model.encode(SRC)
+  full = model.decode(memory, TGT)
+  cache = model.init_cache(memory, TGT.shape[1])
+  stepped = []
+  for t in range(TGT.shape[1]):
+    logits, cache = model.decode_step(memory, cache, TGT[:, t])
+    stepped.append(logits)
+  stepped = jnp.stack(stepped, axis=1)
+  real = np.asarray(TGT != 0)
+  np.testing.assert_allclose(np.asarray(stepped)[real], np.asarray(full)[real], atol=1e-5)
+  assert int(cache.index) == TGT.shape[1]
+
+
+def test_dropout_only_with_rngs(model):
+  memory = model.encode(SRC)
+  a, b = model.decode(memory, TGT), model.decode(memory, TGT)
+  np.testing.assert_array_equal(a, b)
+  c = model.decode(model.encode(SRC, rngs=nnx.Rngs(dropout=0)), TGT, rngs=nnx.Rngs(dropout=0))
+  assert not np.allclose(a, c)
+
+
+def test_sinusoidal_positions_match_formula():
+  pe = np.asarray(sinusoidal_positions(jnp.arange(7), 8))
+  pos, i = 5, 1
+  np.testing.assert_allclose(pe[pos, i], np.sin(pos / 10000 ** (2 * i / 8)), rtol=1e-5)
+  np.testing.assert_allclose(pe[pos, 4 + i], np.cos(pos / 10000 ** (2 * i / 8)), rtol=1e-5)
+
+
+def test_multi_head_attention_matches_jax_reference():
+  """Our projections + masked softmax equal jax.nn.dot_product_attention."""
+  mha = attention.MultiHeadAttention(16, 4, attention="scaled_dot", dropout_rate=0.0,
+                                     rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(2), (2, 5, 16))
+  mem = jax.random.normal(jax.random.key(3), (2, 6, 16))
+  mask = masks.padding_mask(SRC)
+  ours = mha(x, *mha.project_kv(mem), mask)
+  q = mha.query(x).reshape(2, 5, 4, 4)
+  k, v = mha.key(mem).reshape(2, 6, 4, 4), mha.value(mem).reshape(2, 6, 4, 4)
+  ref = jax.nn.dot_product_attention(q, k, v, mask=mask).reshape(2, 5, 16)
+  np.testing.assert_allclose(ours, mha.out(ref), atol=1e-5)
+
+
+def test_unshared_embeddings_have_separate_tables(tiny_config):
+  tiny_config.model.share_embeddings = False
+  model = build_model(tiny_config, VOCAB)
+  assert model.src_embed is not model.tgt_embed
+  assert model.decode(model.encode(SRC), TGT).shape == (2, 5, VOCAB)
