@@ -1,0 +1,70 @@
+"""Config validation: every bad value stops the run with one line naming the fix."""
+
+import pytest
+
+from seq2seq import config as config_lib
+from seq2seq.errors import UserError
+from tests.conftest import load_config
+
+
+@pytest.mark.parametrize("name", ["tiny", "multi30k_transformer", "multi30k_rnn"])
+def test_shipped_configs_are_valid(name):
+  config_lib.validate(load_config(name))
+
+
+@pytest.mark.parametrize("family,attention,message", [
+    ("transformer", "location",
+     "config.model.attention='location' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
+    ("transformer", "none",
+     "config.model.attention='none' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
+    ("rnn", "linear",
+     "config.model.attention='linear' is not available for the rnn; use one of:"
+     " none, dot, scaled_dot, general, concat, location."),
+    ("rnn", "bahdanau",
+     "config.model.attention='bahdanau' is not available for the rnn; use one of:"
+     " none, dot, scaled_dot, general, concat, location."),
+])
+def test_attention_must_apply_to_the_family(family, attention, message):
+  c = config_lib.base_config()
+  c.model.family, c.model.attention = family, attention
+  with pytest.raises(UserError) as e:
+    config_lib.validate(c)
+  assert str(e.value) == message
+
+
+@pytest.mark.parametrize("section,field,value,message", [
+    ("model", "family", "lstm", "config.model.family='lstm' is not a model family;"
+     " use one of: transformer, rnn."),
+    ("model", "num_heads", 3, "config.model.emb_dim=256 is not divisible by"
+     " config.model.num_heads=3; choose sizes where it is."),
+    ("model", "rnn_cell", "rnn", "config.model.rnn_cell='rnn' is not a cell; use one of:"
+     " lstm, gru."),
+    ("train", "num_steps", 0, "config.train.num_steps=0 must be positive."),
+    ("model", "dropout_rate", 1.0, "config.model.dropout_rate=1.0 must be in [0, 1)."),
+    ("data", "tgt_lang", "en", "config.data.src_lang and tgt_lang are both 'en';"
+     " choose two different languages."),
+    ("data", "max_len", 300, "config.data.max_len=300 pads to 304 tokens, more than"
+     " config.model.max_len=256; raise model.max_len."),
+])
+def test_bad_values(section, field, value, message):
+  c = config_lib.base_config()
+  c[section][field] = value
+  with pytest.raises(UserError) as e:
+    config_lib.validate(c)
+  assert str(e.value) == message
+
+
+def test_unknown_field_suggests_the_closest():
+  c = config_lib.base_config()
+  c.model["attenton"] = "dot"
+  with pytest.raises(UserError, match=r"Unknown config field model.attenton. Did you mean"
+                     r" 'attention'\?"):
+    config_lib.validate(c)
+
+
+def test_rnn_ignores_the_head_count():
+  c = config_lib.base_config()
+  c.model.family, c.model.attention, c.model.num_heads = "rnn", "general", 3
+  config_lib.validate(c)
