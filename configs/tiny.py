@@ -1,6 +1,8 @@
-"""A seconds-scale Transformer for tests and smoke runs.
+"""A seconds-scale model for tests and smoke runs (Transformer; RNN with family=rnn).
 
   python scripts/train.py --config=configs/tiny.py --workdir=runs/tiny
+  python scripts/train.py --config=configs/tiny.py --workdir=runs/tiny_rnn \
+      --config.model.family=rnn --config.model.attention=general
 
 Trains on the first 2,000 Multi30k en->de pairs for 40 steps in well under a
 minute on a laptop CPU. Expected result: the loss falls (BLEU stays near 0).
@@ -16,6 +18,7 @@ def get_config():
   c.model.num_encoder_layers = 1
   c.model.num_decoder_layers = 1
   c.model.mlp_dim = 64
+  c.model.rnn_hidden_dim = 32  # Used with --config.model.family=rnn.
   c.model.max_len = 64
   c.data.vocab_size = 500
   c.data.max_len = 32

@@ -12,9 +12,13 @@ import ml_collections
 
 from seq2seq.errors import UserError
 
-FAMILIES = ("transformer",)
+FAMILIES = ("transformer", "rnn")
 # Valid `config.model.attention` names per family; grows with the registry.
-ATTENTION_BY_FAMILY = {"transformer": ("scaled_dot",)}
+ATTENTION_BY_FAMILY = {
+    "transformer": ("scaled_dot", "dot", "general", "concat", "linear", "local"),
+    "rnn": ("none", "dot", "scaled_dot", "general", "concat", "location"),
+}
+RNN_CELLS = ("lstm", "gru")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -23,7 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = m = ml_collections.ConfigDict()
   m.family = "transformer"  # Model family: one of FAMILIES.
-  m.attention = "scaled_dot"  # Attention score function (see ATTENTION_BY_FAMILY).
+  m.attention = "scaled_dot"  # Attention variant (see ATTENTION_BY_FAMILY and the README).
+  m.attention_window = 8  # `local` attention: each query sees keys this many positions away.
   m.emb_dim = 256  # Model width d: embeddings and residual stream.
   m.num_heads = 4  # Attention heads; must divide emb_dim.
   m.num_encoder_layers = 3  # Encoder blocks.
@@ -33,7 +38,14 @@ def base_config() -> ml_collections.ConfigDict:
   m.attention_dropout_rate = 0.0  # Dropout on attention weights.
   m.share_embeddings = True  # One table for source, target and output logits.
   m.pre_ln = True  # Pre-LayerNorm blocks (False: post-LN as in Vaswani et al.).
-  m.max_len = 256  # Longest sequence the positional encoding covers.
+  m.max_len = 256  # Longest source/target sequence (decoding cap; `location` attention span).
+  # RNN family only:
+  m.rnn_cell = "lstm"  # "lstm" or "gru".
+  m.rnn_hidden_dim = 256  # Recurrent state size.
+  m.bidirectional = True  # Bidirectional encoder (directions merged for attention).
+  m.bridge = True  # Decoder starts from tanh(W h_enc_final); False: from zeros.
+  m.input_feeding = True  # Feed h~_{t-1} into step t (Luong et al., 3.3).
+  m.reverse_source = False  # Read the source backwards (Sutskever et al., 2014).
 
   c.data = d = ml_collections.ConfigDict()
   d.corpus = "multi30k"  # "multi30k", a directory of {split}.{lang}[.gz], or "tfds:<name>".
@@ -65,6 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
   e.split = "val"  # Split used for validation loss and BLEU.
   e.batch_size = 128  # Sentences per decoding / validation batch.
   e.max_sentences = 0  # Decode only the first N validation sentences (0 = all).
+  e.beam_size = 1  # Validation decoding: 1 = greedy, else beam search.
+  e.alpha = 0.6  # GNMT length-penalty exponent of beam search.
   e.max_decode_len_a = 1.5  # Decode at most a * source_length + b tokens ...
   e.max_decode_len_b = 10  # ... (b tokens slack).
 
@@ -101,16 +115,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "model.emb_dim": m.emb_dim, "model.num_heads": m.num_heads,
       "model.num_encoder_layers": m.num_encoder_layers,
       "model.num_decoder_layers": m.num_decoder_layers, "model.mlp_dim": m.mlp_dim,
-      "model.max_len": m.max_len, "data.vocab_size": d.vocab_size, "data.max_len": d.max_len,
+      "model.max_len": m.max_len, "model.attention_window": m.attention_window,
+      "model.rnn_hidden_dim": m.rnn_hidden_dim, "data.vocab_size": d.vocab_size,
+      "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
       "train.num_steps": t.num_steps, "train.learning_rate": t.learning_rate,
       "train.log_every_steps": t.log_every_steps, "eval.every_steps": e.every_steps,
-      "eval.batch_size": e.batch_size, "checkpoint.keep": config.checkpoint.keep,
+      "eval.batch_size": e.batch_size, "eval.beam_size": e.beam_size,
+      "checkpoint.keep": config.checkpoint.keep,
   }
   for name, value in positive.items():
     if not value > 0:
       raise UserError(f"config.{name}={value} must be positive.")
-  if m.emb_dim % m.num_heads:
+  if m.rnn_cell not in RNN_CELLS:
+    raise UserError(f"config.model.rnn_cell={m.rnn_cell!r} is not a cell; use one of:"
+                    f" {', '.join(RNN_CELLS)}.")
+  if m.family == "transformer" and m.emb_dim % m.num_heads:
     raise UserError(f"config.model.emb_dim={m.emb_dim} is not divisible by"
                     f" config.model.num_heads={m.num_heads}; choose sizes where it is.")
   for name in ("dropout_rate", "attention_dropout_rate"):

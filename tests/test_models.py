@@ -6,15 +6,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from seq2seq import config as config_lib
 from seq2seq.models import attention, build_model, masks
 from seq2seq.models.transformer import sinusoidal_positions
 
 VOCAB = 40
 
 
-@pytest.fixture(params=[True, False], ids=["pre_ln", "post_ln"])
+TRANSFORMER_VARIANTS = config_lib.ATTENTION_BY_FAMILY["transformer"]
+
+
+@pytest.fixture(params=[("scaled_dot", True), ("scaled_dot", False)]
+                + [(name, True) for name in TRANSFORMER_VARIANTS if name != "scaled_dot"],
+                ids=lambda p: f"{p[0]}-{'pre' if p[1] else 'post'}_ln")
 def model(request, tiny_config):
-  tiny_config.model.pre_ln = request.param
+  tiny_config.model.attention, tiny_config.model.pre_ln = request.param
+  tiny_config.model.attention_window = 2
   tiny_config.model.num_encoder_layers = 2
   tiny_config.model.num_decoder_layers = 2
   return build_model(tiny_config, VOCAB)
@@ -26,7 +33,7 @@ TGT = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])  # BOS=2
 
 def test_padded_key_gets_exactly_zero_weight():
   scores = jax.random.normal(jax.random.key(0), (2, 3, 4, 6))
-  mask = masks.padding_mask(SRC)
+  mask = masks.padding_mask(SRC).dense(4)
   weights = attention.masked_softmax(scores, mask)
   padded = np.broadcast_to(~np.asarray(mask), weights.shape)
   assert np.all(np.asarray(weights)[padded] == 0.0)
@@ -37,7 +44,7 @@ def test_padded_key_gets_exactly_zero_weight():
 
 def test_causal_mask_blocks_future_positions():
   scores = jax.random.normal(jax.random.key(1), (2, 1, 5, 5))
-  weights = np.asarray(attention.masked_softmax(scores, masks.decoder_self_mask(TGT)))
+  weights = np.asarray(attention.masked_softmax(scores, masks.decoder_self_mask(TGT).dense(5)))
   assert np.all(np.triu(weights[0, 0], k=1) == 0.0)
   assert np.all(weights[1, 0, :, 3:] == 0.0)  # padded target keys
 
@@ -88,7 +95,7 @@ def test_multi_head_attention_matches_jax_reference():
   ours = mha(x, *mha.project_kv(mem), mask)
   q = mha.query(x).reshape(2, 5, 4, 4)
   k, v = mha.key(mem).reshape(2, 6, 4, 4), mha.value(mem).reshape(2, 6, 4, 4)
-  ref = jax.nn.dot_product_attention(q, k, v, mask=mask).reshape(2, 5, 16)
+  ref = jax.nn.dot_product_attention(q, k, v, mask=mask.dense(5)).reshape(2, 5, 16)
   np.testing.assert_allclose(ours, mha.out(ref), atol=1e-5)
 
 

@@ -3,9 +3,10 @@
 import ml_collections
 from flax import nnx
 
+from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
 
-FAMILIES = {"transformer": Transformer}
+FAMILIES = {"transformer": Transformer, "rnn": RNN}
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):

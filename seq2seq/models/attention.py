@@ -1,34 +1,101 @@
 """Attention: score functions picked by name, masked softmax, multi-head attention.
 
-Every score function has the signature `score(query, keys, params) -> scores`
+A score is three small functions in the `SCORES` registry:
+  `init(heads, head_dim, max_keys, rngs) -> params` (None when it has none),
+  `prepare(keys, params) -> keys'`, applied once per key (so once per source
+    sentence, or once per cached target token), and
+  `score(query, keys', params) -> scores`,
 with `query [batch, heads, q, d]`, `keys [batch, heads, k, d]` and scores
-`[batch, heads, q, k]`. Masking, the softmax and the weighted sum live in
-`attend`, the one place they happen, so every variant shares them.
+`[batch, heads, q, k]`. Masking, the softmax and the weighted sum happen in
+`attend`, the one place they live. Two Transformer variants replace the
+softmax altogether: `linear` (kernelized, O(n)) and `local` (a window).
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.models.masks import Mask
+
+
+class ScoreParams(nnx.Module):
+  """The weights of one score function, as named parameters."""
+
+  def __init__(self, **arrays):
+    for name, value in arrays.items():
+      setattr(self, name, nnx.Param(value))
+
+
+def _normal(rngs, shape, fan_in):
+  return jax.random.normal(rngs.params(), shape) * fan_in**-0.5
+
+
+class Score(NamedTuple):
+  init: Callable[..., ScoreParams | None]
+  prepare: Callable[[jnp.ndarray, Any], jnp.ndarray]
+  score: Callable[[jnp.ndarray, jnp.ndarray, Any], jnp.ndarray]
+
+
+def _no_params(heads, head_dim, max_keys, rngs):
+  del heads, head_dim, max_keys, rngs
+
+
+def _keys_as_they_are(keys, params):
+  del params
+  return keys
+
 
 def dot_score(query, keys, params=None):
-  """Luong et al. (2015) dot: q . k."""
+  """Luong et al. (2015), dot: score(h_t, h_s) = h_t . h_s."""
   del params
   return jnp.einsum("bhqd,bhkd->bhqk", query, keys)
 
 
 def scaled_dot_score(query, keys, params=None):
   """Vaswani et al. (2017): q . k / sqrt(d)."""
-  del params
-  return dot_score(query, keys) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+  return dot_score(query, keys, params) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
 
 
-SCORES: dict[str, Callable[..., jnp.ndarray]] = {
-    "dot": dot_score,
-    "scaled_dot": scaled_dot_score,
+def general_prepare(keys, params):
+  """W_a h_s, once per key."""
+  return jnp.einsum("bhkd,hed->bhke", keys, params.w.value)
+
+
+def concat_prepare(keys, params):
+  """W_k h_s, once per key: only W_q s changes from step to step."""
+  return jnp.einsum("bhkd,hda->bhka", keys, params.w_key.value)
+
+
+def concat_score(query, keys, params):
+  """Bahdanau et al. (2015), additive: v^T tanh(W_q s + W_k h_s) (keys already W_k h_s)."""
+  q = jnp.einsum("bhqd,hda->bhqa", query, params.w_query.value)
+  hidden = jnp.tanh(q[:, :, :, None, :] + keys[:, :, None, :, :])  # [b, h, q, k, a]
+  return jnp.einsum("bhqka,ha->bhqk", hidden, params.v.value)
+
+
+def location_score(query, keys, params):
+  """Luong et al. (2015), location: a_t = softmax(W_a h_t), from the query alone."""
+  scores = jnp.einsum("bhqd,hdl->bhql", query, params.w.value)
+  return scores[..., :keys.shape[2]]
+
+
+SCORES: dict[str, Score] = {
+    "dot": Score(_no_params, _keys_as_they_are, dot_score),
+    "scaled_dot": Score(_no_params, _keys_as_they_are, scaled_dot_score),
+    "general": Score(
+        lambda h, d, n, rngs: ScoreParams(w=_normal(rngs, (h, d, d), d)),
+        general_prepare, dot_score),
+    "concat": Score(
+        lambda h, d, n, rngs: ScoreParams(w_query=_normal(rngs, (h, d, d), d),
+                                          w_key=_normal(rngs, (h, d, d), d),
+                                          v=_normal(rngs, (h, d), d)),
+        concat_prepare, concat_score),
+    "location": Score(
+        lambda h, d, n, rngs: ScoreParams(w=_normal(rngs, (h, d, n), d)),
+        _keys_as_they_are, location_score),
 }
 
 
@@ -40,27 +107,84 @@ def masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray
   """
   if mask is None:
     return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(scores.dtype)
-  scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1)
+  masked = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(masked, axis=-1)
   return jnp.where(mask, weights, 0.0).astype(scores.dtype)
 
 
-def attend(score_fn, query, keys, values, mask, params=None):
+def attend(score: Score, query, keys, values, mask: jnp.ndarray | None, params=None):
   """Scores, masks, normalizes and averages the values.
 
   Args:
-    score_fn: an entry of `SCORES`.
+    score: an entry of `SCORES`.
     query: `[batch, heads, q, d]`.
-    keys: `[batch, heads, k, d]`.
+    keys: `[batch, heads, k, d']`, already through `score.prepare`.
     values: `[batch, heads, k, d_v]`.
     mask: boolean, broadcastable to `[batch, heads, q, k]`, or None.
-    params: whatever the score function needs (None for parameter-free scores).
+    params: the score's parameters (None for parameter-free scores).
 
   Returns:
     (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
   """
-  weights = masked_softmax(score_fn(query, keys, params), mask)
+  weights = masked_softmax(score.score(query, keys, params), mask)
   return jnp.einsum("bhqk,bhkd->bhqd", weights, values), weights
+
+
+def _feature_map(x):
+  """Katharopoulos et al. (2020): phi(x) = elu(x) + 1, positive."""
+  return jax.nn.elu(x) + 1.0
+
+
+def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6):
+  """Kernelized attention: phi(q)^T sum_j phi(k_j) v_j^T / phi(q)^T sum_j phi(k_j).
+
+  O(n) in sequence length: the key/value sums are formed once (prefix sums
+  when causal) instead of a `[q, k]` weight matrix.
+
+  Returns:
+    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`); the
+    weights are formed only if a caller uses them (XLA drops them otherwise).
+  """
+  q = _feature_map(query)
+  k = _feature_map(keys) * mask.key_valid[:, None, :, None]
+  if mask.causal:  # Teacher-forced decoder: query i sums keys 0..i.
+    kv = jnp.cumsum(jnp.einsum("bhkd,bhke->bhkde", k, values), axis=2)
+    numerator = jnp.einsum("bhqd,bhqde->bhqe", q, kv)
+    denominator = jnp.einsum("bhqd,bhqd->bhq", q, jnp.cumsum(k, axis=2))
+  else:
+    numerator = jnp.einsum("bhqd,bhde->bhqe", q, jnp.einsum("bhkd,bhke->bhde", k, values))
+    denominator = jnp.einsum("bhqd,bhd->bhq", q, k.sum(axis=2))
+  context = numerator / (denominator[..., None] + eps)
+  similarity = jnp.einsum("bhqd,bhkd->bhqk", q, k) * mask.dense(query.shape[2])
+  weights = similarity / (similarity.sum(-1, keepdims=True) + eps)
+  return context, weights
+
+
+def local_attention(query, keys, values, mask: Mask, window: int):
+  """Scaled dot-product attention within `window` positions of each query.
+
+  Each query gathers only its `2 * window + 1` neighbouring keys, so the work
+  is O(n * window), not O(n^2). Positions come from the mask, so a decoding
+  step at position i sees cache slots i - window .. i.
+
+  Returns:
+    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
+  """
+  num_queries, num_keys = query.shape[2], keys.shape[2]
+  offsets = jnp.arange(-window, window + 1)
+  index = mask.query_positions(num_queries)[:, None] + offsets  # [q, w]
+  valid = (index >= 0) & (index < num_keys)
+  index = jnp.clip(index, 0, num_keys - 1)
+  valid = valid[None] & mask.key_valid[:, index]  # [batch, q, w]
+  if mask.causal:
+    valid = valid & (offsets <= 0)
+  near_keys, near_values = keys[:, :, index], values[:, :, index]  # [b, h, q, w, d]
+  scores = jnp.einsum("bhqd,bhqwd->bhqw", query, near_keys) / jnp.sqrt(query.shape[-1])
+  near_weights = masked_softmax(scores, valid[:, None])
+  context = jnp.einsum("bhqw,bhqwd->bhqd", near_weights, near_values)
+  one_hot = jax.nn.one_hot(index, num_keys, dtype=near_weights.dtype)  # [q, w, k]
+  weights = jnp.einsum("bhqw,qwk->bhqk", near_weights, one_hot)
+  return context, weights
 
 
 def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
@@ -76,36 +200,49 @@ def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
 
 
 class MultiHeadAttention(nnx.Module):
-  """Multi-head attention with a score function chosen by name.
+  """Multi-head attention with the variant chosen by name.
 
-  Keys and values are projected by `project_kv` separately from the query
-  path so that callers can compute them once (cross-attention memory, the
-  decoder's key/value cache) and pass them in.
+  `project_kv` turns inputs into (prepared) keys and values separately from
+  the query path, so callers compute them once (the cross-attention memory,
+  the decoder's cache) and pass them in.
   """
 
   def __init__(self, dim: int, num_heads: int, *, attention: str, dropout_rate: float,
-               rngs: nnx.Rngs, dtype: Any = None):
+               rngs: nnx.Rngs, max_keys: int = 0, window: int = 0, dtype: Any = None):
     self.num_heads = num_heads
-    self.score_fn = SCORES[attention]
+    self.attention = attention
+    self.window = window
+    head_dim = dim // num_heads
+    self.score_params = (SCORES[attention].init(num_heads, head_dim, max_keys, rngs)
+                         if attention in SCORES else None)
     linear = lambda: nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = linear(), linear(), linear(), linear()
     self.dropout = nnx.Dropout(dropout_rate)
 
   def project_kv(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """`[batch, k, dim]` -> keys, values, each `[batch, heads, k, dim / heads]`."""
-    return split_heads(self.key(x), self.num_heads), split_heads(self.value(x), self.num_heads)
+    """`[batch, k, dim]` -> (prepared keys, values), each `[batch, heads, k, head_dim]`."""
+    keys = split_heads(self.key(x), self.num_heads)
+    if self.attention in SCORES:
+      keys = SCORES[self.attention].prepare(keys, self.score_params)
+    return keys, split_heads(self.value(x), self.num_heads)
 
-  def __call__(self, x, keys, values, mask, *, rngs: nnx.Rngs | None = None,
+  def __call__(self, x, keys, values, mask: Mask, *, rngs: nnx.Rngs | None = None,
                return_weights: bool = False):
     """Attends from `x [batch, q, dim]` to projected `keys`/`values`.
 
     Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked.
     """
     query = split_heads(self.query(x), self.num_heads)
-    context, weights = attend(self.score_fn, query, keys, values, mask)
-    # Dropout on the attention weights only changes the weighted sum.
-    if rngs is not None and self.dropout.rate > 0:
-      dropped = self.dropout(weights, deterministic=False, rngs=rngs)
-      context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
+    if self.attention == "linear":
+      context, weights = linear_attention(query, keys, values, mask)
+    elif self.attention == "local":
+      context, weights = local_attention(query, keys, values, mask, self.window)
+    else:
+      context, weights = attend(SCORES[self.attention], query, keys, values,
+                                mask.dense(query.shape[2]), self.score_params)
+      # Dropout on the attention weights only changes the weighted sum.
+      if rngs is not None and self.dropout.rate > 0:
+        dropped = self.dropout(weights, deterministic=False, rngs=rngs)
+        context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
     out = self.out(merge_heads(context))
     return (out, weights) if return_weights else out

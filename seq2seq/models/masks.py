@@ -1,52 +1,53 @@
 """Attention masks: the only place they are built.
 
-Masks are boolean and broadcast against attention scores `[batch, heads, q, k]`:
-True means "may attend". They are built once from token ids at the model
-boundary (`encode` / `decode` / `decode_step`) and passed down unchanged.
+A `Mask` says which keys each query may see: keys marked valid (real tokens,
+filled cache slots) and, when `causal`, only keys at or before the query's
+position. Masks are built once from token ids at the model boundary
+(`encode` / `decode` / `decode_step`) and passed down unchanged. Softmax
+attention uses the dense form; linear and local attention use the structure
+directly, which is what makes them O(n).
 """
 
 import jax.numpy as jnp
+from flax import struct
 
 from seq2seq.data.tokenizer import PAD_ID
 
 
-def padding_mask(key_ids: jnp.ndarray) -> jnp.ndarray:
-  """Masks padded keys.
+@struct.dataclass
+class Mask:
+  key_valid: jnp.ndarray  # [batch or 1, keys] bool: the key may be attended to
+  query_offset: jnp.ndarray  # scalar int: position of the first query
+  causal: bool = struct.field(pytree_node=False, default=False)  # query i sees keys <= i
 
-  Args:
-    key_ids: `[batch, k]` token ids of the keys.
+  def query_positions(self, num_queries: int) -> jnp.ndarray:
+    return self.query_offset + jnp.arange(num_queries)
 
-  Returns:
-    `[batch, 1, 1, k]`: True where the key is a real token.
-  """
-  return (key_ids != PAD_ID)[:, None, None, :]
-
-
-def causal_mask(length: int) -> jnp.ndarray:
-  """`[1, 1, length, length]`: query i may attend to keys 0..i."""
-  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
-
-
-def decoder_self_mask(tgt_ids: jnp.ndarray) -> jnp.ndarray:
-  """Causal and padding mask of teacher-forced decoder self-attention.
-
-  Args:
-    tgt_ids: `[batch, t]` decoder input ids.
-
-  Returns:
-    `[batch, 1, t, t]`.
-  """
-  return causal_mask(tgt_ids.shape[1]) & padding_mask(tgt_ids)
+  def dense(self, num_queries: int) -> jnp.ndarray:
+    """`[batch, 1, num_queries, keys]` boolean, broadcastable against attention scores."""
+    allowed = self.key_valid[:, None, None, :]
+    if self.causal:
+      key_positions = jnp.arange(self.key_valid.shape[-1])
+      allowed = allowed & (key_positions[None, :] <= self.query_positions(num_queries)[:, None])
+    return allowed
 
 
-def cache_mask(index: jnp.ndarray, cache_len: int) -> jnp.ndarray:
-  """Mask of one decoding step over a key/value cache.
+def padding_mask(key_ids: jnp.ndarray) -> Mask:
+  """Masks padded keys; `key_ids [batch, keys]`."""
+  return Mask(key_ids != PAD_ID, jnp.zeros((), jnp.int32))
 
-  Args:
-    index: scalar position of the token being decoded.
-    cache_len: length of the cache.
 
-  Returns:
-    `[1, 1, 1, cache_len]`: True for cache slots 0..index (filled so far).
-  """
-  return (jnp.arange(cache_len) <= index)[None, None, None, :]
+def decoder_self_mask(tgt_ids: jnp.ndarray) -> Mask:
+  """Causal and padding mask of teacher-forced decoder self-attention; `tgt_ids [batch, t]`."""
+  return Mask(tgt_ids != PAD_ID, jnp.zeros((), jnp.int32), causal=True)
+
+
+def cache_mask(index: jnp.ndarray, cache_len: int) -> Mask:
+  """One decoding step at position `index` over a cache: slots 0..index are filled."""
+  return Mask((jnp.arange(cache_len) <= index)[None, :], jnp.asarray(index, jnp.int32))
+
+
+def band_mask(num_queries: int, num_keys: int, window: int) -> jnp.ndarray:
+  """`[1, 1, q, k]`: query i sees keys i - window .. i + window (local attention's reference)."""
+  offset = jnp.arange(num_keys)[None, :] - jnp.arange(num_queries)[:, None]
+  return (jnp.abs(offset) <= window)[None, None]

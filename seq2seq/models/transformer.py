@@ -24,7 +24,7 @@ KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_d
 class Memory(NamedTuple):
   """What the decoder needs from one source batch, computed once."""
   encoded: jnp.ndarray  # [batch, src_len, dim] encoder outputs
-  src_mask: jnp.ndarray  # [batch, 1, 1, src_len] real source tokens
+  src_mask: masks.Mask  # real source tokens
   cross_kv: tuple[KeyValue, ...]  # per decoder layer: projected encoder keys/values
 
 
@@ -73,9 +73,13 @@ class Sublayers(nnx.Module):
     return x if self.pre_ln else self.norms[i](x)
 
 
-def _attention(cfg, rngs):
-  return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=cfg.attention,
-                            dropout_rate=cfg.attention_dropout_rate, rngs=rngs)
+def _attention(cfg, rngs, *, cross: bool = False):
+  # A window over positions means nothing between source and target positions:
+  # with `local`, cross-attention stays full scaled dot-product attention.
+  attention = "scaled_dot" if cross and cfg.attention == "local" else cfg.attention
+  return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
+                            dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
+                            max_keys=cfg.max_len, window=cfg.attention_window)
 
 
 class EncoderLayer(nnx.Module):
@@ -94,7 +98,7 @@ class EncoderLayer(nnx.Module):
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg, rngs):
     self.self_attention = _attention(cfg, rngs)
-    self.cross_attention = _attention(cfg, rngs)
+    self.cross_attention = _attention(cfg, rngs, cross=True)
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs)
     self.sub = Sublayers(cfg, 3, rngs)
 
@@ -104,9 +108,9 @@ class DecoderLayer(nnx.Module):
 
     Args:
       x: `[batch, t, dim]` target stream (t = 1 when stepping with a cache).
-      self_mask: broadcastable to `[batch, heads, t, keys]`.
+      self_mask: causal mask (teacher forcing) or cache mask (stepping).
       cross_kv: this layer's projected encoder keys/values.
-      cross_mask: `[batch, 1, 1, src_len]`.
+      cross_mask: the source padding mask.
       cache: this layer's `(keys, values)` cache, `[batch, heads, max_len, head_dim]`, or None.
       index: scalar position written in the cache.
 
@@ -182,7 +186,7 @@ class Transformer(nnx.Module):
       y, _ = layer(y, self_mask, kv, memory.src_mask, rngs=rngs)
     return self._logits(y)
 
-  def cross_attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
+  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
     """`[layers, batch, heads, t, src_len]` cross-attention weights (for pictures)."""
     y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), None)
     self_mask = masks.decoder_self_mask(tgt_in_ids)

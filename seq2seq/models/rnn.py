@@ -1,0 +1,253 @@
+"""Attentional RNN encoder-decoder (Sutskever et al. 2014; Bahdanau et al. 2015; Luong et al. 2015).
+
+Same interface as the Transformer: `encode`, teacher-forced `decode`,
+`init_cache` / `decode_step`. The encoder is a stack of (bi)directional
+LSTM/GRU layers; the decoder starts from the encoder's final state through a
+bridge (or from zeros) and, at step t:
+
+  Luong (dot, scaled_dot, general, location, none): runs the stack on
+    [y_{t-1}; h~_{t-1}] (input feeding), scores with the *current* state h_t;
+  Bahdanau (concat): scores with the *previous* state s_{t-1} and feeds the
+    context into the stack: [y_{t-1}; c_t (; h~_{t-1})];
+
+then forms the attentional hidden state h~_t = tanh(W_c [c_t; h_t]) and the
+logits from h~_t. With `none`, c_t is the fixed final encoder state. Without
+input feeding, a Luong decoder's recurrence does not depend on attention, so
+teacher-forced decoding runs the stack once and attends for all steps at once.
+Every recurrence is a `jax.lax.scan`.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from seq2seq.data.tokenizer import PAD_ID
+from seq2seq.models import masks
+from seq2seq.models.attention import SCORES, attend
+
+Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
+CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
+
+
+class Memory(NamedTuple):
+  encoded: jnp.ndarray  # [batch, src_len, hidden] attention values (encoder outputs)
+  keys: jnp.ndarray  # [batch, 1, src_len, hidden] keys, prepared once for the score
+  src_mask: masks.Mask  # real source tokens
+  context: jnp.ndarray  # [batch, hidden] fixed context of `none`: the final encoder state
+  initial: tuple[Carry, ...]  # per decoder layer: its first state (bridge or zeros)
+
+
+class Cache(NamedTuple):
+  carries: tuple[Carry, ...]  # per decoder layer
+  feed: jnp.ndarray  # [batch, emb_dim] h~ of the previous step (input feeding)
+  index: jnp.ndarray  # scalar int32: steps taken
+
+
+def _hidden(carry: Carry) -> jnp.ndarray:
+  return carry[1] if isinstance(carry, tuple) else carry
+
+
+def _zeros_like_carry(cell_type: str, batch: int, size: int, dtype) -> Carry:
+  zeros = jnp.zeros((batch, size), dtype)
+  return (zeros, zeros) if cell_type == "lstm" else zeros
+
+
+def reverse_padded(x: jnp.ndarray, lengths: jnp.ndarray) -> jnp.ndarray:
+  """Reverses each row's first `lengths[i]` positions, leaving padding in place.
+
+  Args:
+    x: `[batch, length, ...]`.
+    lengths: `[batch]`.
+  """
+  positions = jnp.arange(x.shape[1])[None, :]
+  index = jnp.where(positions < lengths[:, None], lengths[:, None] - 1 - positions, positions)
+  index = index.reshape(index.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, index, axis=1)
+
+
+def _scan_cell(cell, carry: Carry, inputs: jnp.ndarray, valid: jnp.ndarray):
+  """Runs `cell` over `inputs [batch, t, features]`; the carry stops at the last valid step."""
+
+  def body(carry, xs):
+    x, ok = xs
+    new_carry, y = cell(carry, x)
+    carry = jax.tree.map(lambda new, old: jnp.where(ok[:, None], new, old), new_carry, carry)
+    return carry, y
+
+  carry, ys = jax.lax.scan(body, carry, (inputs.swapaxes(0, 1), valid.swapaxes(0, 1)))
+  return carry, ys.swapaxes(0, 1)
+
+
+class RNN(nnx.Module):
+  """See the module docstring; `cfg` is `config.model`."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs):
+    self.cell_type = cfg.rnn_cell
+    self.attention = cfg.attention
+    self.bahdanau = cfg.attention == "concat"
+    self.input_feeding = cfg.input_feeding
+    self.reverse_source = cfg.reverse_source
+    self.bidirectional = cfg.bidirectional
+    hidden, emb = cfg.rnn_hidden_dim, cfg.emb_dim
+    self.hidden = hidden
+    cell = CELLS[cfg.rnn_cell]
+    self.src_embed = nnx.Embed(vocab_size, emb, rngs=rngs)
+    self.tgt_embed = self.src_embed if cfg.share_embeddings else nnx.Embed(vocab_size, emb,
+                                                                           rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout_rate)
+
+    directions = 2 if cfg.bidirectional else 1
+    self.encoder_forward = nnx.List([
+        cell(emb if i == 0 else hidden * directions, hidden, rngs=rngs)
+        for i in range(cfg.num_encoder_layers)])
+    self.encoder_backward = nnx.List([
+        cell(emb if i == 0 else hidden * directions, hidden, rngs=rngs)
+        for i in range(cfg.num_encoder_layers)]) if cfg.bidirectional else None
+    # Attention needs keys in the decoder's space: fold both directions into one.
+    self.encoder_out = (nnx.Linear(hidden * directions, hidden, rngs=rngs)
+                        if cfg.bidirectional else None)
+    self.bridge = (nnx.List([nnx.Linear(hidden * directions, hidden, rngs=rngs)
+                             for _ in range(cfg.num_decoder_layers)]) if cfg.bridge else None)
+    self.context_proj = nnx.Linear(hidden * directions, hidden, rngs=rngs)
+
+    first_input = emb + (emb if cfg.input_feeding else 0) + (hidden if self.bahdanau else 0)
+    self.decoder_cells = nnx.List([cell(first_input if i == 0 else hidden, hidden, rngs=rngs)
+                                   for i in range(cfg.num_decoder_layers)])
+    self.score_params = (SCORES[cfg.attention].init(1, hidden, cfg.max_len, rngs)
+                         if cfg.attention in SCORES else None)
+    self.combine = nnx.Linear(2 * hidden, emb, use_bias=False, rngs=rngs)  # W_c
+    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(emb, vocab_size, rngs=rngs)
+
+  # ----------------------------------------------------------------- encoder
+
+  def encode(self, src_ids: jnp.ndarray, *, rngs: nnx.Rngs | None = None) -> Memory:
+    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded)."""
+    src_mask = masks.padding_mask(src_ids)
+    valid = src_ids != PAD_ID
+    lengths = valid.sum(axis=1)
+    if self.reverse_source:  # Sutskever et al.: reversed source, padding stays at the end.
+      src_ids = reverse_padded(src_ids, lengths)
+    batch = src_ids.shape[0]
+    x = self.dropout(self.src_embed(src_ids), deterministic=rngs is None, rngs=rngs)
+    final = None
+    for i, forward in enumerate(self.encoder_forward):
+      zero = _zeros_like_carry(self.cell_type, batch, self.hidden, x.dtype)
+      carry, out = _scan_cell(forward, zero, x, valid)
+      final = _hidden(carry)
+      if self.bidirectional:
+        back_carry, back = _scan_cell(self.encoder_backward[i], zero,
+                                      reverse_padded(x, lengths), valid)
+        out = jnp.concatenate([out, reverse_padded(back, lengths)], axis=-1)
+        final = jnp.concatenate([final, _hidden(back_carry)], axis=-1)
+      x = self.dropout(out, deterministic=rngs is None, rngs=rngs)
+    encoded = self.encoder_out(x) if self.encoder_out is not None else x
+    if self.bridge is not None:
+      initial = tuple(self._bridged_carry(jnp.tanh(b(final))) for b in self.bridge)
+    else:
+      zero = _zeros_like_carry(self.cell_type, batch, self.hidden, encoded.dtype)
+      initial = tuple(zero for _ in self.decoder_cells)
+    keys = encoded[:, None]  # [batch, 1 head, src_len, hidden]
+    if self.attention in SCORES:
+      keys = SCORES[self.attention].prepare(keys, self.score_params)
+    return Memory(encoded, keys, src_mask, jnp.tanh(self.context_proj(final)), initial)
+
+  def _bridged_carry(self, h: jnp.ndarray) -> Carry:
+    return (jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
+
+  # ----------------------------------------------------------------- decoder
+
+  def _attend(self, memory: Memory, query: jnp.ndarray):
+    """`query [batch, q, hidden]` -> context `[batch, q, hidden]`, weights `[batch, q, src]`."""
+    if self.attention == "none":
+      context = jnp.broadcast_to(memory.context[:, None], query.shape)
+      return context, jnp.zeros(query.shape[:2] + memory.encoded.shape[1:2], query.dtype)
+    context, weights = attend(SCORES[self.attention], query[:, None], memory.keys,
+                              memory.encoded[:, None], memory.src_mask.dense(query.shape[1]),
+                              self.score_params)
+    return context[:, 0], weights[:, 0]
+
+  def _stack(self, carries, x, dropout_key):
+    """One step of the decoder's layers; dropout between layers when a key is given."""
+    new = []
+    for i, cell in enumerate(self.decoder_cells):
+      carry, x = cell(carries[i], x)
+      new.append(carry)
+      if dropout_key is not None and i + 1 < len(self.decoder_cells):
+        x = self.dropout(x, rngs=jax.random.fold_in(dropout_key, i))
+    return tuple(new), x
+
+  def _output(self, context, h, dropout_key):
+    """h~ = tanh(W_c [c; h]) and the logits computed from it."""
+    attentional = jnp.tanh(self.combine(jnp.concatenate([context, h], axis=-1)))
+    dropped = attentional
+    if dropout_key is not None:
+      dropped = self.dropout(attentional, rngs=jax.random.fold_in(dropout_key, 1000))
+    if self.logits_dense is None:
+      return self.tgt_embed.attend(dropped).astype(jnp.float32), attentional
+    return self.logits_dense(dropped).astype(jnp.float32), attentional
+
+  def _step(self, memory: Memory, cache: Cache, embedded: jnp.ndarray, dropout_key=None):
+    """One target step from the embedded previous token `[batch, emb]`."""
+    inputs = [embedded]
+    if self.bahdanau:  # Scored with the previous state s_{t-1}, before the stack runs.
+      context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None])
+      inputs.append(context[:, 0])
+    if self.input_feeding:
+      inputs.append(cache.feed)
+    carries, h = self._stack(cache.carries, jnp.concatenate(inputs, axis=-1), dropout_key)
+    if not self.bahdanau:  # Luong: scored with the current state h_t.
+      context, weights = self._attend(memory, h[:, None])
+    logits, attentional = self._output(context[:, 0], h, dropout_key)
+    return logits, Cache(carries, attentional, cache.index + 1), weights[:, 0]
+
+  def init_cache(self, memory: Memory, max_len: int) -> Cache:
+    """The decoder's first state; `max_len` is unused (the RNN state has a fixed size)."""
+    del max_len
+    batch = memory.encoded.shape[0]
+    feed = jnp.zeros((batch, self.combine.out_features), memory.encoded.dtype)
+    return Cache(memory.initial, feed, jnp.zeros((), jnp.int32))
+
+  def decode_step(self, memory: Memory, cache: Cache, token_ids: jnp.ndarray):
+    """Feeds `token_ids [batch]`; returns `[batch, vocab]` logits and the next cache."""
+    logits, cache, _ = self._step(memory, cache, self.tgt_embed(token_ids))
+    return logits, cache
+
+  def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
+             rngs: nnx.Rngs | None = None) -> jnp.ndarray:
+    """Teacher-forced decoding: `tgt_in_ids [batch, t]` -> logits `[batch, t, vocab]`."""
+    return self._teacher_forced(memory, tgt_in_ids, rngs)[0]
+
+  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
+    """`[1 layer, batch, 1 head, t, src_len]` alignment of each target step (for pictures)."""
+    return self._teacher_forced(memory, tgt_in_ids, None)[1][None, :, None]
+
+  def _teacher_forced(self, memory, tgt_in_ids, rngs):
+    embedded = self.dropout(self.tgt_embed(tgt_in_ids), deterministic=rngs is None, rngs=rngs)
+    steps = tgt_in_ids.shape[1]
+    dropout_key = rngs.dropout() if rngs is not None else None
+    if not self.input_feeding and not self.bahdanau:
+      # The recurrence ignores attention: run it once, then attend for all t at once.
+      x, carries = embedded, memory.initial
+      valid = jnp.ones(tgt_in_ids.shape, bool)
+      for i, cell in enumerate(self.decoder_cells):
+        _, x = _scan_cell(cell, carries[i], x, valid)
+        if dropout_key is not None and i + 1 < len(self.decoder_cells):
+          x = self.dropout(x, rngs=jax.random.fold_in(dropout_key, i))
+      context, weights = self._attend(memory, x)
+      return self._output(context, x, dropout_key)[0], weights
+
+    step_keys = (jax.random.split(dropout_key, steps) if dropout_key is not None
+                 else jnp.zeros((steps,), jnp.uint32))
+
+    def body(cache, xs):
+      emb, key = xs
+      logits, cache, weights = self._step(memory, cache, emb,
+                                          key if dropout_key is not None else None)
+      return cache, (logits, weights)
+
+    cache = self.init_cache(memory, steps)
+    _, (logits, weights) = jax.lax.scan(body, cache, (embedded.swapaxes(0, 1), step_keys))
+    return logits.swapaxes(0, 1), weights.swapaxes(0, 1)

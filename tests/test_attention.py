@@ -1,0 +1,129 @@
+"""Every attention variant: weights, masks, and agreement with independent implementations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq import config as config_lib
+from seq2seq.models import attention, masks
+
+KEY_IDS = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # PAD = 0
+B, H, D = 2, 2, 8
+
+
+def qkv(q_len, k_len, seed=0):
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(k1, (B, H, q_len, D)), jax.random.normal(k2, (B, H, k_len, D)),
+          jax.random.normal(k3, (B, H, k_len, D)))
+
+
+def test_registry_covers_every_configured_variant():
+  special = {"linear", "local", "none"}
+  for family, names in config_lib.ATTENTION_BY_FAMILY.items():
+    for name in names:
+      assert name in attention.SCORES or name in special, (family, name)
+
+
+@pytest.mark.parametrize("name", config_lib.ATTENTION_BY_FAMILY["transformer"])
+@pytest.mark.parametrize("causal", [False, True], ids=["padding", "causal"])
+def test_weights_sum_to_one_and_are_zero_where_masked(name, causal):
+  """Through MultiHeadAttention, as the models use it."""
+  mha = attention.MultiHeadAttention(H * D, H, attention=name, dropout_rate=0.0,
+                                     rngs=nnx.Rngs(0), max_keys=16, window=2)
+  x = jax.random.normal(jax.random.key(1), (B, 6, H * D))
+  mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
+  _, weights = mha(x, *mha.project_kv(x), mask, return_weights=True)
+  weights = np.asarray(weights)
+  allowed = np.broadcast_to(np.asarray(mask.dense(6)), weights.shape)
+  assert np.all(weights[~allowed] == 0.0)
+  real_query = np.asarray(KEY_IDS != 0)[:, None, :]  # padding queries may see nothing
+  np.testing.assert_allclose(weights.sum(-1)[np.broadcast_to(real_query, weights.shape[:3])],
+                             1.0, rtol=1e-5)
+  if causal:
+    assert np.all(np.triu(weights[:, :, :, :], k=1) == 0.0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_equals_its_quadratic_formula(causal):
+  q, k, v = qkv(6, 6)
+  mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
+  context, _ = attention.linear_attention(q, k, v, mask)
+  phi = lambda x: jax.nn.elu(x) + 1  # noqa: E731
+  sim = jnp.einsum("bhqd,bhkd->bhqk", phi(q), phi(k)) * mask.dense(6)
+  naive = jnp.einsum("bhqk,bhkd->bhqd", sim / (sim.sum(-1, keepdims=True) + 1e-6), v)
+  np.testing.assert_allclose(context, naive, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [1, 3])
+def test_local_attention_equals_full_attention_with_band_mask(causal, window):
+  q, k, v = qkv(6, 6)
+  mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
+  context, weights = attention.local_attention(q, k, v, mask, window)
+  band = mask.dense(6) & masks.band_mask(6, 6, window)
+  full, full_weights = attention.attend(attention.SCORES["scaled_dot"], q, k, v, band)
+  np.testing.assert_allclose(context, full, atol=1e-5)
+  np.testing.assert_allclose(weights, full_weights, atol=1e-6)
+
+
+def test_local_attention_steps_at_cache_positions():
+  """A decoding step at position i sees cache slots i - window .. i only."""
+  q, k, v = qkv(1, 8)
+  index = 5
+  context, weights = attention.local_attention(q, k, v, masks.cache_mask(index, 8), 2)
+  assert np.all(np.asarray(weights)[..., [0, 1, 2, 6, 7]] == 0.0)
+  band = jnp.zeros(8, bool).at[3:6].set(True)[None, None, None, :]
+  expected, _ = attention.attend(attention.SCORES["scaled_dot"], q, k, v, band)
+  np.testing.assert_allclose(context, expected, atol=1e-5)
+
+
+def _keras():
+  keras = pytest.importorskip("keras")
+  import tensorflow as tf  # noqa: F401  (Keras' TensorFlow backend)
+  return keras
+
+
+def test_luong_dot_matches_keras_attention():
+  keras = _keras()
+  q, k, v = qkv(4, 6, seed=3)
+  mask = masks.padding_mask(KEY_IDS)
+  ours, _ = attention.attend(attention.SCORES["dot"], q, k, v, mask.dense(4))
+  layer = keras.layers.Attention(use_scale=False)
+  theirs = layer([np.asarray(q[:, 0]), np.asarray(v[:, 0]), np.asarray(k[:, 0])],
+                 mask=[None, np.asarray(KEY_IDS != 0)])
+  np.testing.assert_allclose(ours[:, 0], np.asarray(theirs), atol=1e-5)
+
+
+def test_bahdanau_additive_matches_keras_additive_attention():
+  """With identity W_q, W_k, ours is Keras' v^T tanh(q + k) (its `scale` is our v)."""
+  keras = _keras()
+  q, k, v = qkv(4, 6, seed=4)
+  eye = jnp.broadcast_to(jnp.eye(D), (1, D, D))
+  scale = jax.random.normal(jax.random.key(5), (D,))
+  params = attention.ScoreParams(w_query=eye, w_key=eye, v=scale[None])
+  score = attention.SCORES["concat"]
+  q1, k1, v1 = q[:, :1], k[:, :1], v[:, :1]
+  ours, _ = attention.attend(score, q1, score.prepare(k1, params), v1,
+                             masks.padding_mask(KEY_IDS).dense(4), params)
+  layer = keras.layers.AdditiveAttention(use_scale=True)
+  layer.build([(B, 4, D), (B, 6, D), (B, 6, D)])
+  layer.scale.assign(np.asarray(scale))
+  theirs = layer([np.asarray(q1[:, 0]), np.asarray(v1[:, 0]), np.asarray(k1[:, 0])],
+                 mask=[None, np.asarray(KEY_IDS != 0)])
+  np.testing.assert_allclose(ours[:, 0], np.asarray(theirs), atol=1e-5)
+
+
+def test_general_and_location_scores_match_their_formulas():
+  q, k, _ = qkv(3, 6, seed=6)
+  general = attention.SCORES["general"]
+  params = general.init(H, D, 10, nnx.Rngs(0))
+  w = params.w.value
+  expected = jnp.einsum("bhqd,hde,bhke->bhqk", q, w, k)  # h_t^T W_a h_s
+  np.testing.assert_allclose(general.score(q, general.prepare(k, params), params), expected,
+                             rtol=1e-4, atol=1e-4)
+  location = attention.SCORES["location"]
+  params = location.init(H, D, 10, nnx.Rngs(1))
+  expected = jnp.einsum("bhqd,hdl->bhql", q, params.w.value)[..., :6]  # W_a h_t
+  np.testing.assert_allclose(location.score(q, k, params), expected, rtol=1e-5)

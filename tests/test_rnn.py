@@ -1,0 +1,97 @@
+"""RNN encoder-decoder invariants, for every attention variant."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq import config as config_lib
+from seq2seq.models import attention, build_model, rnn
+
+VOCAB = 40
+SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # EOS=3, PAD=0
+TGT = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])  # BOS=2
+RNN_VARIANTS = config_lib.ATTENTION_BY_FAMILY["rnn"]
+
+
+def rnn_config(tiny_config, **model):
+  c = tiny_config
+  c.model.family = "rnn"
+  c.model.emb_dim, c.model.rnn_hidden_dim = 16, 24
+  c.model.num_encoder_layers = c.model.num_decoder_layers = 2
+  c.model.update(model)
+  return c
+
+
+@pytest.mark.parametrize("name", RNN_VARIANTS)
+@pytest.mark.parametrize("cell,input_feeding", [("lstm", True), ("lstm", False), ("gru", True)])
+def test_decode_step_reproduces_teacher_forced_decode(tiny_config, name, cell, input_feeding):
+  model = build_model(rnn_config(tiny_config, attention=name, rnn_cell=cell,
+                                 input_feeding=input_feeding), VOCAB)
+  memory = model.encode(SRC)
+  full = model.decode(memory, TGT)
+  cache = model.init_cache(memory, TGT.shape[1])
+  stepped = []
+  for t in range(TGT.shape[1]):
+    logits, cache = model.decode_step(memory, cache, TGT[:, t])
+    stepped.append(logits)
+  np.testing.assert_allclose(jnp.stack(stepped, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in RNN_VARIANTS if n != "none"])
+def test_alignment_sums_to_one_and_ignores_padding(tiny_config, name):
+  model = build_model(rnn_config(tiny_config, attention=name), VOCAB)
+  weights = np.asarray(model.attention_weights(model.encode(SRC), TGT))[0, :, 0]  # [b, t, src]
+  padded = np.broadcast_to(np.asarray(SRC == 0)[:, None, :], weights.shape)
+  assert np.all(weights[padded] == 0.0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_bahdanau_scores_with_the_previous_state(tiny_config):
+  """Step 1's alignment is scored with the decoder's initial (bridged) state s_0."""
+  model = build_model(rnn_config(tiny_config, attention="concat"), VOCAB)
+  memory = model.encode(SRC)
+  weights = model.attention_weights(memory, TGT)[0, :, 0]
+  s0 = rnn._hidden(memory.initial[-1])[:, None, None, :]  # [b, 1 head, 1 query, hidden]
+  _, expected = attention.attend(attention.SCORES["concat"], s0, memory.keys,
+                                 memory.encoded[:, None], memory.src_mask.dense(1),
+                                 model.score_params)
+  np.testing.assert_allclose(weights[:, 0], expected[:, 0, 0], atol=1e-6)
+
+
+def test_reverse_padded_keeps_padding_in_place():
+  x = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0]])
+  np.testing.assert_array_equal(rnn.reverse_padded(x, jnp.array([3, 2])),
+                                [[3, 2, 1, 0], [5, 4, 0, 0]])
+
+
+def test_reverse_source_reads_the_source_backwards(tiny_config):
+  forward = build_model(rnn_config(tiny_config, reverse_source=False), VOCAB)
+  backward = build_model(rnn_config(tiny_config, reverse_source=True), VOCAB)
+  reversed_ids = rnn.reverse_padded(SRC, (SRC != 0).sum(1))
+  a = forward.decode(forward.encode(reversed_ids), TGT)
+  b = backward.decode(backward.encode(SRC), TGT)  # same seed: same parameters
+  np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_padding_does_not_change_the_encoding(tiny_config, bidirectional):
+  model = build_model(rnn_config(tiny_config, bidirectional=bidirectional), VOCAB)
+  short, long = model.encode(SRC), model.encode(jnp.pad(SRC, ((0, 0), (0, 3))))
+  np.testing.assert_allclose(short.encoded, long.encoded[:, :6], atol=1e-6)
+  np.testing.assert_allclose(short.context, long.context, atol=1e-6)
+
+
+def test_zero_bridge_starts_from_zeros(tiny_config):
+  model = build_model(rnn_config(tiny_config, bridge=False), VOCAB)
+  for carry in model.encode(SRC).initial:
+    assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(carry))
+
+
+def test_dropout_only_with_rngs(tiny_config):
+  model = build_model(rnn_config(tiny_config, dropout_rate=0.3), VOCAB)
+  a = model.decode(model.encode(SRC), TGT)
+  np.testing.assert_array_equal(a, model.decode(model.encode(SRC), TGT))
+  b = model.decode(model.encode(SRC, rngs=nnx.Rngs(dropout=0)), TGT, rngs=nnx.Rngs(dropout=1))
+  assert not np.allclose(a, b)
