@@ -12,6 +12,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from seq2seq.errors import UserError
+
 BEST_METRIC = "bleu"
 
 
@@ -54,5 +56,31 @@ class Checkpoints:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
+  def resolve(self, spec: str) -> list[int]:
+    """The steps that `spec` names: "latest", "best", a step number, or "avg:N" (last N).
+
+    Raises:
+      UserError: naming the steps that exist, if `spec` names none of them.
+    """
+    steps = self.all_steps()
+    if not steps:
+      raise UserError(f"{self.directory} holds no checkpoint; train the run first.")
+    if spec == "latest":
+      return [steps[-1]]
+    if spec == "best":
+      best = self.best_step()
+      return [best if best is not None else steps[-1]]
+    if spec.startswith("avg:") and spec[4:].isdigit() and int(spec[4:]) > 0:
+      return steps[-int(spec[4:]):]
+    if spec.isdigit() and int(spec) in steps:
+      return [int(spec)]
+    raise UserError(f"--checkpoint={spec} names no checkpoint of {self.directory}; use latest,"
+                    f" best, avg:N or one of the steps {', '.join(map(str, steps))}.")
+
   def close(self) -> None:
     self.manager.close()
+
+
+def average(trees: list):
+  """Element-wise mean of parameter pytrees of one structure (checkpoint averaging)."""
+  return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *trees)

@@ -6,6 +6,8 @@ model's `decode_step` with its encoder memory bound, e.g.
 `lax.while_loop` so a whole batch decodes inside one compiled program.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -45,3 +47,135 @@ def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
 def max_decode_len(src_len: int, a: float, b: int, limit: int) -> int:
   """Longest hypothesis for a padded source length: `a * src_len + b`, at most `limit`."""
   return max(1, min(int(a * src_len + b), limit))
+
+
+def length_penalty(length, alpha: float):
+  """GNMT length penalty (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def expand_to_beams(tree, beam_size: int):
+  """Repeats every batch-major array of a memory/cache pytree `beam_size` times.
+
+  `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent;
+  scalars (positions, step counters) are shared and left as they are.
+  """
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
+
+
+def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int,
+                alpha: float, nbest: int = 1):
+  """Beam search with the GNMT length penalty and early stopping.
+
+  Each step extends every live beam by every token and keeps the `2 * beam`
+  best extensions: those ending in EOS join the finished set (scored by
+  log-probability / length_penalty), the best `beam` others stay live. The
+  search stops once no live beam can beat the `nbest`-th finished hypothesis
+  of any sentence (with alpha >= 0 a live score can only fall below
+  `log_prob / length_penalty(max_len)`), or after `max_len` steps.
+
+  Args:
+    step_fn: see the module docstring; works on `batch * beam` rows.
+    cache: the initial cache, already expanded with `expand_to_beams`.
+    batch_size: number of sentences.
+    max_len: most tokens per hypothesis (EOS included).
+    beam_size: live hypotheses per sentence.
+    alpha: length-penalty exponent (0: plain log-probability).
+    nbest: hypotheses returned per sentence (at most `beam_size`).
+
+  Returns:
+    (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD;
+     scores `[batch, nbest]`: length-normalized log-probabilities). Finished
+    hypotheses come first, best first; unfinished ones (cut at max_len) only
+    fill the list when fewer than `nbest` finished.
+  """
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}.")
+  b, k = batch_size, beam_size
+  neg_inf = jnp.array(-1e9, jnp.float32)
+
+  def gather_beams(x, beam_index):
+    """Picks `beam_index [b, n]` out of `x [b, k, ...]`."""
+    return jnp.take_along_axis(x, beam_index.reshape(beam_index.shape + (1,) * (x.ndim - 2)),
+                               axis=1)
+
+  def best_possible(state):
+    """Upper bound of any live hypothesis' final score, per sentence `[b]`."""
+    return state["alive_log_probs"][:, 0] / length_penalty(max_len, alpha)
+
+  def cond(state):
+    nth_finished = state["finished_scores"][:, nbest - 1]
+    can_improve = best_possible(state) > nth_finished
+    return (state["i"] < max_len) & jnp.any(can_improve)
+
+  def body(state):
+    i = state["i"]
+    logits, cache = step_fn(state["cache"], state["last"].reshape(b * k))
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+    vocab = log_probs.shape[-1]
+    candidates = (state["alive_log_probs"][:, :, None] + log_probs).reshape(b, k * vocab)
+    top_log_probs, top_index = jax.lax.top_k(candidates, 2 * k)  # [b, 2k]
+    top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    top_seq = gather_beams(state["alive_seq"], top_beam).at[:, :, i].set(top_token)
+    is_eos = top_token == EOS_ID
+
+    # Live: the best k extensions that did not end.
+    alive_scores = jnp.where(is_eos, neg_inf, top_log_probs)
+    alive_log_probs, keep = jax.lax.top_k(alive_scores, k)
+    alive_seq = gather_beams(top_seq, keep)
+    flat_beams = (jnp.arange(b)[:, None] * k + gather_beams(top_beam, keep)).reshape(b * k)
+    cache = jax.tree.map(lambda x: x if x.ndim == 0 else x[flat_beams], cache)
+
+    # Finished: merge the new EOS extensions into the best k so far.
+    new_scores = jnp.where(is_eos, top_log_probs / length_penalty(i + 1.0, alpha), neg_inf)
+    scores = jnp.concatenate([state["finished_scores"], new_scores], axis=1)
+    seqs = jnp.concatenate([state["finished_seq"], top_seq], axis=1)
+    finished_scores, best = jax.lax.top_k(scores, k)
+    return {"i": i + 1, "cache": cache, "last": gather_beams(top_token, keep),
+            "alive_seq": alive_seq, "alive_log_probs": alive_log_probs,
+            "finished_seq": gather_beams(seqs, best), "finished_scores": finished_scores}
+
+  empty = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+  # Only the first beam starts live, so the k beams do not all repeat one hypothesis.
+  alive_log_probs = jnp.tile(jnp.array([0.0] + [-1e9] * (k - 1), jnp.float32), (b, 1))
+  state = {"i": jnp.zeros((), jnp.int32), "cache": cache,
+           "last": jnp.full((b, k), BOS_ID, jnp.int32), "alive_seq": empty,
+           "alive_log_probs": alive_log_probs, "finished_seq": empty,
+           "finished_scores": jnp.full((b, k), neg_inf)}
+  state = jax.lax.while_loop(cond, body, state)
+
+  # Finished hypotheses come first; a sentence with fewer than nbest of them
+  # (max_len reached) is completed with live ones, scored as if they ended there.
+  alive_final = state["alive_log_probs"] / length_penalty(state["i"].astype(jnp.float32), alpha)
+  finished = state["finished_scores"] > neg_inf / 2
+  scores = jnp.concatenate([state["finished_scores"], alive_final], axis=1)
+  rank = scores + jnp.concatenate([jnp.where(finished, 0.0, 2 * neg_inf),
+                                   jnp.full_like(alive_final, neg_inf)], axis=1)
+  _, best = jax.lax.top_k(rank, nbest)
+  seqs = jnp.concatenate([state["finished_seq"], state["alive_seq"]], axis=1)
+  return gather_beams(seqs, best), gather_beams(scores, best)
+
+
+def translate(model, src_ids: jnp.ndarray, *, max_len: int, beam_size: int = 1,
+              alpha: float = 0.0, nbest: int = 1):
+  """Encodes once and searches: greedy when `beam_size == 1` and `nbest == 1`.
+
+  Args:
+    model: any model family (the shared encode / init_cache / decode_step interface).
+    src_ids: `[batch, src_len]`.
+    max_len: most output tokens per sentence (EOS included).
+
+  Returns:
+    ids `[batch, nbest, max_len]` and scores `[batch, nbest]` (greedy: the
+    unnormalized log-probability is not tracked, so scores are 0).
+  """
+  batch = src_ids.shape[0]
+  memory = model.encode(src_ids)
+  if beam_size == 1 and nbest == 1:
+    ids = greedy_search(functools.partial(model.decode_step, memory),
+                        model.init_cache(memory, max_len), batch, max_len)
+    return ids[:, None], jnp.zeros((batch, 1), jnp.float32)
+  memory = expand_to_beams(memory, beam_size)  # [batch * beam, ...]
+  return beam_search(functools.partial(model.decode_step, memory),
+                     model.init_cache(memory, max_len), batch, max_len,
+                     beam_size=beam_size, alpha=alpha, nbest=nbest)

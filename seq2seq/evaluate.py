@@ -1,9 +1,29 @@
-"""Translate a split and score it with sacreBLEU (BLEU with its signature)."""
+"""Translate with a run's checkpoint and score with sacreBLEU (BLEU, chrF, TER, signatures).
 
+`Translator` loads what a workdir holds (config, vocabulary, a checkpoint or
+an average of several) and translates text with greedy or beam search.
+`evaluate_split` writes detokenized hypotheses and a JSON of scores.
+"""
+
+import functools
+import json
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import sacrebleu
+from flax import nnx
+
+from seq2seq import config as config_lib
+from seq2seq import decoding
+from seq2seq.checkpoint import Checkpoints, average
+from seq2seq.data import batching, corpus
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
 
 
 def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Sequence[dict],
@@ -32,3 +52,192 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   metric = sacrebleu.metrics.BLEU()
   score = metric.corpus_score(list(hypotheses), [list(references)])
   return {"bleu": score.score, "bleu_signature": str(metric.get_signature())}
+
+
+def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+  """BLEU, case-insensitive BLEU, chrF and TER, each with its sacreBLEU signature."""
+  refs = [list(references)]
+  result = bleu(hypotheses, references)
+  for name, metric in (("bleu_lowercase", sacrebleu.metrics.BLEU(lowercase=True)),
+                       ("chrf", sacrebleu.metrics.CHRF()), ("ter", sacrebleu.metrics.TER())):
+    result[name] = metric.corpus_score(list(hypotheses), refs).score
+    result[f"{name}_signature"] = str(metric.get_signature())
+  return result
+
+
+def _translate_fn(params, src, *, graphdef, max_len_a, max_len_b, max_len_limit, beam_size,
+                  alpha, nbest):
+  model = nnx.merge(graphdef, params)
+  max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
+  return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
+                            nbest=nbest)
+
+
+class Translator:
+  """A run's model and vocabulary, ready to translate.
+
+  Args:
+    workdir: a training run's directory.
+    checkpoint: "best" (validation BLEU), "latest", a step, or "avg:N".
+    beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
+    batch_size: sentences per compiled batch.
+  """
+
+  def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
+               alpha: float = 0.6, nbest: int = 1, batch_size: int = 64):
+    workdir = Path(workdir)
+    config_path = workdir / "config.json"
+    if not config_path.exists():
+      raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
+                      " that scripts/train.py wrote.")
+    if not 1 <= nbest <= beam_size:
+      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    self.tokenizer = Tokenizer.load(workdir / "vocab" / "spm.model")
+    self.batch_size, self.nbest = batch_size, nbest
+    model = build_model(self.config, self.tokenizer.vocab_size)
+    self.graphdef, params = nnx.split(model, nnx.Param)
+    self.steps, self.params = _restore_params(workdir, checkpoint, self.config, params)
+    self.checkpoint = checkpoint
+    self._fn = jax.jit(functools.partial(
+        _translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
+        max_len_b=self.config.eval.max_decode_len_b, max_len_limit=self.config.model.max_len,
+        beam_size=beam_size, alpha=alpha, nbest=nbest))
+
+  def translate_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
+    """Per sentence (ids without EOS), its n-best (output ids, score)."""
+    results: list = [None] * len(src_ids)
+    empty = [np.zeros(0, np.int32)] * len(src_ids)
+    for batch in batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
+                                       bucket_step=self.config.data.bucket_step,
+                                       max_len=self.config.model.max_len):
+      ids, best = jax.device_get(self._fn(self.params, jnp.asarray(batch["src"])))
+      for row, index in enumerate(batch["index"]):
+        if index >= 0:
+          results[index] = [(ids[row, n], float(best[row, n])) for n in range(self.nbest)]
+    return results
+
+  def translate(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    """Per input text, its n-best detokenized translations with scores.
+
+    An empty (or whitespace-only) input is not fed to the model: its
+    translation is the empty string.
+    """
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    translated = self.translate_ids([np.asarray(self.tokenizer.encode(texts[i]), np.int32)
+                                     for i in todo])
+    results = [[("", 0.0)] * self.nbest for _ in texts]
+    for i, nbest in zip(todo, translated, strict=True):
+      results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]
+    return results
+
+
+def alignment(translator: Translator, text: str):
+  """Translates `text` and returns the attention of each output subword.
+
+  Returns:
+    (weights `[layers, heads, tgt_len, src_len]`, source subwords, target subwords),
+    where the source ends with `</s>` and the target is the best translation + `</s>`.
+  """
+  src = np.asarray(translator.tokenizer.encode(text), np.int32)
+  if not len(src):
+    raise UserError("--text is empty; pass a sentence to translate.")
+  out = translator.translate_ids([src])[0][0][0]
+  out = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
+  src_ids = np.concatenate([src, [EOS_ID]])[None]
+  tgt_in = np.concatenate([[BOS_ID], out[:-1]])[None].astype(np.int32)
+  model = nnx.merge(translator.graphdef, translator.params)
+  weights = model.attention_weights(model.encode(jnp.asarray(src_ids)), jnp.asarray(tgt_in))
+  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids[0]),
+          translator.tokenizer.pieces(out))
+
+
+def _restore_params(workdir: Path, spec: str, config, params_like):
+  """The parameters of the checkpoint(s) `spec` names, averaged when several."""
+  from seq2seq import train  # The train state's layout is the trainer's.
+
+  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+  try:
+    steps = checkpoints.resolve(spec)
+    state_like = train.new_train_state(params_like, train.make_optimizer(config.train))
+    is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+    saved = sorted(jax.tree.leaves(checkpoints.shapes(steps[0])["params"], is_leaf=is_shape))
+    if saved != sorted(tuple(x.shape) for x in jax.tree.leaves(params_like)):
+      raise UserError(f"The checkpoint at step {steps[0]} in {workdir} does not match the model"
+                      " its config.json builds; was config.json edited? Restore the run's config.")
+    params = average([checkpoints.restore(step, state_like).params for step in steps])
+  finally:
+    checkpoints.close()
+  return steps, params
+
+
+def evaluate_split(translator: Translator, sources: Sequence[str], references: Sequence[str],
+                   out_prefix: Path) -> dict:
+  """Translates, scores, and writes `<out_prefix>.hyp` and `<out_prefix>.json`."""
+  start = time.perf_counter()
+  hypotheses = [nbest[0][0] for nbest in translator.translate(sources)]
+  seconds = time.perf_counter() - start
+  result = {
+      **scores(hypotheses, references),
+      "sentences": len(sources), "checkpoint": translator.checkpoint,
+      "checkpoint_steps": translator.steps, "decode_seconds": seconds,
+      "sentences_per_second": len(sources) / seconds,
+  }
+  out_prefix.parent.mkdir(parents=True, exist_ok=True)
+  _write_lines(out_prefix.with_suffix(".hyp"), hypotheses)
+  tmp = out_prefix.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+  tmp.replace(out_prefix.with_suffix(".json"))
+  return result
+
+
+def _write_lines(path: Path, lines: Sequence[str]) -> None:
+  """Writes one line per entry, atomically (a partial file never replaces a good one)."""
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    for line in lines:
+      f.write(line.replace("\n", " ") + "\n")
+  tmp.replace(path)
+
+
+def read_lines(path: str | Path) -> list[str]:
+  """A text file's lines, without their newlines; undecodable UTF-8 is a UserError."""
+  path = Path(path)
+  if not path.exists():
+    raise UserError(f"{path} does not exist; pass an existing file.")
+  lines = []
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      try:
+        lines.append(raw.decode("utf-8").rstrip("\r\n"))
+      except UnicodeDecodeError as e:
+        raise UserError(f"{path} line {number} is not UTF-8 ({e.reason}); convert the file"
+                        " to UTF-8.") from None
+  return lines
+
+
+def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
+                   beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64,
+                   src_file: str = "", ref_file: str = "") -> tuple[dict, Path]:
+  """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
+
+  Returns:
+    The scores and the path prefix of the written `.hyp` / `.json` files.
+  """
+  workdir = Path(workdir)
+  translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
+                          batch_size=batch_size)
+  if bool(src_file) != bool(ref_file):
+    raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
+  if src_file:
+    sources, references = read_lines(src_file), read_lines(ref_file)
+    if len(sources) != len(references):
+      raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has"
+                      f" {len(references)}; pass aligned files.")
+    name = Path(src_file).name
+  else:
+    text = corpus.read_split(translator.config.data, split)
+    sources, references, name = text.src, text.tgt, split
+  tag = checkpoint.replace(":", "")
+  prefix = workdir / "eval" / f"{name}.{tag}.beam{beam_size}"
+  return evaluate_split(translator, sources, references, prefix), prefix

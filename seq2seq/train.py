@@ -43,6 +43,11 @@ class TrainState:
   opt_state: optax.OptState
 
 
+def new_train_state(params: nnx.State, optimizer: optax.GradientTransformation) -> TrainState:
+  """Step 0: the given parameters and a fresh optimizer state."""
+  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup to `t.learning_rate`, then inverse-square-root decay (Vaswani et al.)."""
   warmup = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
@@ -107,14 +112,13 @@ def eval_step(params, batch, *, graphdef):
 
 
 def translate_step(params, src, *, graphdef, eval_config, max_len_limit: int):
-  """Greedy translations `[batch, max_len]` of `src [batch, src_len]`."""
+  """Best translations `[batch, max_len]` of `src [batch, src_len]` with the configured search."""
   model = nnx.merge(graphdef, params)
   max_len = decoding.max_decode_len(src.shape[1], eval_config.max_decode_len_a,
                                     eval_config.max_decode_len_b, max_len_limit)
-  memory = model.encode(src)
-  cache = model.init_cache(memory, max_len)
-  return decoding.greedy_search(functools.partial(model.decode_step, memory), cache,
-                                src.shape[0], max_len)
+  ids, _ = decoding.translate(model, src, max_len=max_len, beam_size=eval_config.beam_size,
+                              alpha=eval_config.alpha)
+  return ids[:, 0]
 
 
 class MetricsWriter:
@@ -172,10 +176,7 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
     self.config = config
     d = config.data
-    train_text = corpus.read_split(d, "train")
-    if d.max_train_examples:
-      train_text = corpus.ParallelText(train_text.src[:d.max_train_examples],
-                                       train_text.tgt[:d.max_train_examples])
+    train_text = corpus.read_split(d, "train")  # First data.max_train_examples pairs if set.
     self.val_text = corpus.read_split(d, config.eval.split)
     if config.eval.max_sentences:
       n = config.eval.max_sentences
@@ -207,10 +208,8 @@ class Trainer:
     self.params_init = params
     self.dropout_key = jax.device_put(jax.random.key(config.train.seed), self.replicated)
 
-    def init_state(params):
-      return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params))
-
-    self.init_state = jax.jit(init_state, out_shardings=self.replicated)
+    self.init_state = jax.jit(functools.partial(new_train_state, optimizer=self.optimizer),
+                              out_shardings=self.replicated)
     self.train_step = jax.jit(
         functools.partial(train_step, graphdef=self.graphdef, optimizer=self.optimizer,
                           label_smoothing=config.train.label_smoothing),
@@ -239,7 +238,7 @@ class Trainer:
     return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
 
   def evaluate(self, params) -> dict:
-    """Validation loss/perplexity and greedy-decoding sacreBLEU."""
+    """Validation loss/perplexity and sacreBLEU of the configured search."""
     sums = {"nll": 0.0, "tokens": 0.0}
     for batch in self.val_batches:
       out = self.eval_step(params, self.to_device(self._local_rows(batch)))

@@ -56,6 +56,10 @@ class Tokenizer:
     """`encode` of each text; one C++ call, much faster than a Python loop."""
     return self._sp.encode(list(texts), out_type=int)
 
+  def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+    """The subword string of each id (for axis labels)."""
+    return [self._sp.id_to_piece(int(i)) for i in np.asarray(ids).reshape(-1)]
+
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     """Detokenized text of `ids`, up to the first EOS; PAD and BOS are skipped.
 

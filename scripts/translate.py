@@ -1,0 +1,51 @@
+"""Translates text with a run's checkpoint: one output line per input line.
+
+  echo "A dog runs on the beach." | python scripts/translate.py --workdir=runs/m30k_transformer
+  python scripts/translate.py --workdir=DIR --input=in.en --output=out.de [--beam_size=4]
+
+Empty input lines give empty output lines. With --nbest=N > 1 the output is in
+Moses n-best format, `index ||| translation ||| score`, N lines per input line.
+"""
+
+import sys
+
+from absl import app, flags
+
+from seq2seq.cli import run_main
+from seq2seq.evaluate import Translator, read_lines
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a training run.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest, a step, or avg:N.")
+_BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy).")
+_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
+_NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
+_INPUT = flags.DEFINE_string("input", "-", "Input file ('-': standard input).")
+_OUTPUT = flags.DEFINE_string("output", "-", "Output file ('-': standard output).")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv):
+  del argv
+
+  def translate():
+    lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin")
+    translator = Translator(_WORKDIR.value, _CHECKPOINT.value, beam_size=_BEAM.value,
+                            alpha=_ALPHA.value, nbest=_NBEST.value)
+    out = []
+    for index, nbest in enumerate(translator.translate(lines)):
+      if _NBEST.value == 1:
+        out.append(nbest[0][0])
+      else:
+        out.extend(f"{index} ||| {text} ||| {score:.4f}" for text, score in nbest)
+    text = "".join(line.replace("\n", " ") + "\n" for line in out)
+    if _OUTPUT.value == "-":
+      sys.stdout.write(text)
+    else:
+      with open(_OUTPUT.value, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+  run_main(translate)
+
+
+if __name__ == "__main__":
+  app.run(main)

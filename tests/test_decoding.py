@@ -1,0 +1,135 @@
+"""Greedy and beam search: known answers on hand-built models, and invariants on real ones."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seq2seq import decoding
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.models import build_model
+
+A, B, C = 4, 5, 6  # token ids of a hand-built 7-token vocabulary
+
+
+def table_step(table):
+  """A 'model' whose next-token distribution depends only on the last token."""
+  log_table = jnp.log(jnp.asarray(table, jnp.float32) + 1e-12)
+
+  def step_fn(cache, token_ids):
+    return log_table[token_ids], cache
+
+  return step_fn
+
+
+def transition_table(rows):
+  table = np.zeros((7, 7), np.float32)
+  table[:, EOS_ID] = 1.0  # default: end
+  for token, probs in rows.items():
+    table[token] = 0.0
+    for nxt, p in probs.items():
+      table[token, nxt] = p
+  return table
+
+
+def search(step_fn, batch=1, max_len=8, **kw):
+  cache = jnp.zeros((batch * kw.get("beam_size", 1),))
+  return decoding.beam_search(step_fn, cache, batch, max_len, **kw)
+
+
+def test_beam_search_finds_the_sequence_greedy_misses():
+  # Greedy takes A (0.6) and then ends: 0.6 * 0.4 = 0.24.  B EOS has 0.4 * 0.99.
+  step = table_step(transition_table({BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.4, C: 0.3, B: 0.3},
+                                      B: {EOS_ID: 0.99, C: 0.01}}))
+  greedy = decoding.greedy_search(step, jnp.zeros((1,)), 1, 8)
+  np.testing.assert_array_equal(greedy[0, :3], [A, EOS_ID, PAD_ID])
+  ids, scores = search(step, beam_size=2, alpha=0.0)
+  np.testing.assert_array_equal(ids[0, 0, :3], [B, EOS_ID, PAD_ID])
+  np.testing.assert_allclose(scores[0, 0], np.log(0.4 * 0.99), rtol=1e-5)
+
+
+def all_finished_hypotheses(table, max_len):
+  """Exhaustive search: every sequence ending in EOS within max_len, with its log-probability."""
+  out, frontier = [], [([], 0.0, BOS_ID)]
+  for _ in range(max_len):
+    nxt = []
+    for seq, logp, last in frontier:
+      for token in np.flatnonzero(table[last] > 0):
+        item = (seq + [int(token)], logp + float(np.log(table[last, token])), int(token))
+        (out if token == EOS_ID else nxt).append(item)
+    frontier = nxt
+  return [(seq, logp) for seq, logp, _ in out]
+
+
+def test_length_penalty_reorders_finished_hypotheses_by_its_formula():
+  # Short "A EOS" is likeliest; longer hypotheses overtake it as alpha grows.
+  table = transition_table({BOS_ID: {A: 0.5, B: 0.5}, A: {EOS_ID: 0.5, C: 0.5},
+                            B: {C: 1.0}, C: {C: 0.9, EOS_ID: 0.1}})
+  hypotheses = all_finished_hypotheses(table, 4)
+  winners = set()
+  for alpha in (0.0, 1.0, 4.0):
+    ids, scores = search(table_step(table), beam_size=4, alpha=alpha, nbest=2, max_len=4)
+    expected = sorted(((logp / decoding.length_penalty(len(seq), alpha), seq)
+                       for seq, logp in hypotheses), key=lambda x: -x[0])[:2]
+    np.testing.assert_allclose(scores[0], [e[0] for e in expected], rtol=1e-5)
+    for n, (_, tokens) in enumerate(expected):
+      np.testing.assert_array_equal(ids[0, n, :len(tokens)], tokens)
+    winners.add(tuple(expected[0][1]))
+  assert len(winners) > 1  # the penalty did reorder the best hypothesis
+
+
+def test_length_penalty_formula():
+  np.testing.assert_allclose(decoding.length_penalty(7, 0.6), (12 / 6) ** 0.6)
+  assert decoding.length_penalty(100, 0.0) == 1.0
+
+
+@pytest.fixture(params=["transformer", "rnn"])
+def model(request, tiny_config):
+  tiny_config.model.family = request.param
+  tiny_config.model.attention = "scaled_dot" if request.param == "transformer" else "concat"
+  return build_model(tiny_config, 30)
+
+
+SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0], [11, 3, 0, 0, 0, 0]])
+
+
+def test_beam_one_equals_greedy(model):
+  greedy, _ = decoding.translate(model, SRC, max_len=10)
+  memory = model.encode(SRC)
+  ids, _ = decoding.beam_search(functools.partial(model.decode_step, memory),
+                                model.init_cache(memory, 10), 3, 10, beam_size=1, alpha=0.0)
+  np.testing.assert_array_equal(ids[:, 0], greedy[:, 0])
+
+
+def test_cached_decoding_equals_uncached(model):
+  """Greedy with the cache equals re-running teacher-forced decode on each prefix."""
+  cached, _ = decoding.translate(model, SRC, max_len=8)
+  memory = model.encode(SRC)
+  prefix = jnp.full((3, 1), BOS_ID, jnp.int32)
+  for _ in range(8):
+    next_ids = jnp.argmax(model.decode(memory, prefix)[:, -1], axis=-1).astype(jnp.int32)
+    prefix = jnp.concatenate([prefix, next_ids[:, None]], axis=1)
+  uncached = np.asarray(prefix[:, 1:])
+  for row, ids in enumerate(np.asarray(cached[:, 0])):
+    end = list(ids).index(EOS_ID) + 1 if EOS_ID in ids else len(ids)
+    np.testing.assert_array_equal(ids[:end], uncached[row, :end])
+
+
+def test_nbest_is_sorted_and_distinct(model):
+  ids, scores = decoding.translate(model, SRC, max_len=8, beam_size=4, alpha=0.6, nbest=3)
+  assert ids.shape == (3, 3, 8)
+  for sentence, sentence_scores in zip(np.asarray(ids), np.asarray(scores), strict=True):
+    assert len({tuple(h) for h in sentence}) == 3
+    # Finished hypotheses (with EOS) come first, best first; then unfinished ones, best first.
+    finished = np.array([EOS_ID in h for h in sentence])
+    assert not np.any(~finished[:-1] & finished[1:])
+    for group in (finished, ~finished):
+      assert np.all(np.diff(sentence_scores[group]) <= 1e-6)
+
+
+def test_beam_search_is_jittable(model):
+  fn = jax.jit(lambda src: decoding.translate(model, src, max_len=8, beam_size=3, alpha=0.6))
+  ids, _ = fn(SRC)
+  assert ids.shape == (3, 1, 8)

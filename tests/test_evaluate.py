@@ -1,0 +1,112 @@
+"""Evaluating and translating with a trained run's checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import evaluate, train
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.errors import UserError
+from tests.conftest import ROOT, load_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A tiny run with checkpoints at steps 2 and 4."""
+  c = load_config("tiny")
+  c.data.max_train_examples, c.data.max_len, c.data.bucket_step = 300, 16, 16
+  c.data.tokens_per_batch = 256
+  c.eval.max_sentences, c.eval.batch_size = 8, 8
+  c.train.num_steps, c.eval.every_steps = 4, 2
+  workdir = tmp_path_factory.mktemp("run")
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+def script(name, *args, stdin=None):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], input=stdin,
+                        capture_output=True, env=env, timeout=300)
+
+
+def test_translate_writes_one_line_per_input_line(run):
+  lines = ["A dog runs on the beach.", "", "Ein Mann fährt Fahrrad.", "日本語の文です。",
+           "Привет, мир", "   ", "Two girls are playing soccer in a park."]
+  result = script("translate.py", f"--workdir={run}", "--beam_size=2",
+                  stdin="\n".join(lines).encode() + b"\n")
+  assert result.returncode == 0, result.stderr.decode()[-3000:]
+  out = result.stdout.decode("utf-8").split("\n")
+  assert out[-1] == "" and len(out[:-1]) == len(lines)
+  assert out[1] == "" and out[5] == ""
+
+
+def test_translate_rejects_undecodable_input_with_the_line(run, tmp_path):
+  bad = tmp_path / "bad.en"
+  bad.write_bytes(b"fine\n\xff\xfe broken\n")
+  result = script("translate.py", f"--workdir={run}", f"--input={bad}")
+  assert result.returncode == 2
+  assert result.stderr.decode().strip() == (
+      f"error: {bad} line 2 is not UTF-8 (invalid start byte); convert the file to UTF-8.")
+
+
+def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
+  src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+  src.write_text("A man rides a bike.\nTwo dogs play.\nA woman is cooking.\n", encoding="utf-8")
+  ref.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\nEine Frau kocht.\n",
+                 encoding="utf-8")
+  result = script("evaluate.py", f"--workdir={run}", f"--src_file={src}", f"--ref_file={ref}",
+                  "--beam_size=3", "--checkpoint=latest")
+  assert result.returncode == 0, result.stderr.decode()[-3000:]
+  prefix = run / "eval" / "src.en.latest.beam3"
+  scores = json.loads(prefix.with_suffix(".json").read_text())
+  assert len(prefix.with_suffix(".hyp").read_text(encoding="utf-8").splitlines()) == 3
+  for key in ("bleu", "bleu_lowercase", "chrf", "ter"):
+    assert key in scores and f"{key}_signature" in scores
+  assert scores["checkpoint_steps"] == [4]
+  cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i",
+                        str(prefix.with_suffix(".hyp")), "-m", "bleu", "chrf", "-b", "-w", "4"],
+                       capture_output=True, text=True, check=True)
+  bleu, chrf = json.loads(cli.stdout)  # with two metrics, -b prints a JSON list
+  assert bleu == round(scores["bleu"], 4) and chrf == round(scores["chrf"], 4)
+
+
+def test_checkpoint_average_is_the_mean(run):
+  translator = evaluate.Translator(run, "avg:2", beam_size=1)
+  assert translator.steps == [2, 4]
+  c = translator.config
+  checkpoints = Checkpoints(run, 2)
+  like = evaluate.Translator(run, "latest", beam_size=1)
+  state_like = train.new_train_state(like.params, train.make_optimizer(c.train))
+  two, four = (checkpoints.restore(s, state_like).params for s in (2, 4))
+  for avg, a, b in zip(jax.tree.leaves(translator.params), jax.tree.leaves(two),
+                       jax.tree.leaves(four), strict=True):
+    np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
+
+
+def test_unknown_checkpoint_lists_the_existing_ones(run):
+  with pytest.raises(UserError, match=r"--checkpoint=7 names no checkpoint .*steps 2, 4\."):
+    evaluate.Translator(run, "7")
+
+
+def test_not_a_run_is_a_clear_error(tmp_path):
+  with pytest.raises(UserError, match="is not a training run"):
+    evaluate.Translator(tmp_path, "best")
+
+
+def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
+  out = tmp_path / "attention.png"
+  result = script("plot_attention.py", f"--workdir={run}", "--text=A dog runs.",
+                  f"--out={out}", "--beam_size=2")
+  assert result.returncode == 0, result.stderr.decode()[-3000:]
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  translator = evaluate.Translator(run, "best", beam_size=2)
+  weights, src, tgt = evaluate.alignment(translator, "A dog runs.")
+  c = translator.config.model
+  assert weights.shape == (c.num_decoder_layers, c.num_heads, len(tgt), len(src))
+  assert src[-1] == "</s>"
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
