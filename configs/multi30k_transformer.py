@@ -3,8 +3,9 @@
   python scripts/train.py --config=configs/multi30k_transformer.py \
       --workdir=runs/m30k_transformer
 
-Expected result: see the README's results table (validation BLEU and wall time,
-measured on a 2-core CPU).
+Expected result (README's results table, measured on a 2-core CPU, no GPU):
+validation BLEU 29.3 (greedy, logged at step 800) in about 37 minutes; with
+`scripts/evaluate.py --beam_size=4`, 31.1 val and 30.9 test_2016_flickr sacreBLEU.
 """
 
 from seq2seq.config import base_config

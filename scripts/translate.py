@@ -11,17 +11,13 @@ import sys
 
 from absl import app, flags
 
-from seq2seq.cli import run_main
+from seq2seq.cli import define_run_flags, run_main
 from seq2seq.evaluate import Translator, read_lines
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of a training run.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest, a step, or avg:N.")
-_BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy).")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")
+_RUN = define_run_flags()
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
 _INPUT = flags.DEFINE_string("input", "-", "Input file ('-': standard input).")
 _OUTPUT = flags.DEFINE_string("output", "-", "Output file ('-': standard output).")
-flags.mark_flag_as_required("workdir")
 
 
 def main(argv):
@@ -29,8 +25,9 @@ def main(argv):
 
   def translate():
     lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin")
-    translator = Translator(_WORKDIR.value, _CHECKPOINT.value, beam_size=_BEAM.value,
-                            alpha=_ALPHA.value, nbest=_NBEST.value)
+    translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
+                            beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
+                            nbest=_NBEST.value)
     out = []
     for index, nbest in enumerate(translator.translate(lines)):
       if _NBEST.value == 1:

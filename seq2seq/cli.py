@@ -28,3 +28,14 @@ def run_main(fn) -> None:
       raise
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+
+
+def define_run_flags(beam_size: int = 4) -> dict:
+  """The flags of every command that decodes with a run: workdir, checkpoint, search."""
+  return {
+      "workdir": flags.DEFINE_string("workdir", None, "Directory of a training run.",
+                                     required=True),
+      "checkpoint": flags.DEFINE_string("checkpoint", "best", "best, latest, a step, or avg:N."),
+      "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
+      "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),
+  }

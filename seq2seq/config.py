@@ -152,4 +152,12 @@ def to_json(config: ml_collections.ConfigDict) -> str:
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(json.loads(text))
+  """A saved run config over the base config: fields added since the run keep defaults."""
+  config = base_config()
+  for section, values in json.loads(text).items():
+    if section not in config:
+      config[section] = values
+      continue
+    for key, value in values.items():
+      config[section][key] = value
+  return config

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,3 +30,22 @@ def tiny_config():
   c.eval.max_decode_len_a = 1.0
   c.eval.max_decode_len_b = 0
   return c
+
+
+def assert_stepping_matches_decode(model, src, tgt, *, all_positions: bool = False):
+  """Feeding `tgt [batch, t]` through decode_step gives decode's teacher-forced logits.
+
+  Only real (non-PAD) target positions are compared unless `all_positions`.
+  Returns the cache after the last step.
+  """
+  memory = model.encode(src)
+  full = np.asarray(model.decode(memory, tgt))
+  cache = model.init_cache(memory, tgt.shape[1])
+  stepped = []
+  for t in range(tgt.shape[1]):
+    logits, cache = model.decode_step(memory, cache, tgt[:, t])
+    stepped.append(logits)
+  stepped = np.asarray(jnp.stack(stepped, axis=1))
+  compared = np.ones(tgt.shape, bool) if all_positions else np.asarray(tgt != 0)
+  np.testing.assert_allclose(stepped[compared], full[compared], atol=1e-5)
+  return cache

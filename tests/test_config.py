@@ -68,3 +68,15 @@ def test_rnn_ignores_the_head_count():
   c = config_lib.base_config()
   c.model.family, c.model.attention, c.model.num_heads = "rnn", "general", 3
   config_lib.validate(c)
+
+
+def test_a_saved_config_missing_newer_fields_loads_with_defaults():
+  c = config_lib.base_config()
+  c.model.emb_dim = 64
+  saved = c.to_dict()
+  del saved["model"]["attention_window"]
+  import json
+  loaded = config_lib.from_json(json.dumps(saved))
+  assert loaded.model.emb_dim == 64
+  assert loaded.model.attention_window == config_lib.base_config().model.attention_window
+  assert config_lib.from_json(config_lib.to_json(c)).to_dict() == c.to_dict()

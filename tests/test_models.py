@@ -9,6 +9,7 @@ from flax import nnx
 from seq2seq import config as config_lib
 from seq2seq.models import attention, build_model, masks
 from seq2seq.models.transformer import sinusoidal_positions
+from tests.conftest import assert_stepping_matches_decode
 
 VOCAB = 40
 
@@ -57,16 +58,7 @@ def test_padding_does_not_change_encoder_outputs(model):
 
 
 def test_decode_step_reproduces_teacher_forced_decode(model):
-  memory = model.encode(SRC)
-  full = model.decode(memory, TGT)
-  cache = model.init_cache(memory, TGT.shape[1])
-  stepped = []
-  for t in range(TGT.shape[1]):
-    logits, cache = model.decode_step(memory, cache, TGT[:, t])
-    stepped.append(logits)
-  stepped = jnp.stack(stepped, axis=1)
-  real = np.asarray(TGT != 0)
-  np.testing.assert_allclose(np.asarray(stepped)[real], np.asarray(full)[real], atol=1e-5)
+  cache = assert_stepping_matches_decode(model, SRC, TGT)
   assert int(cache.index) == TGT.shape[1]
 
 

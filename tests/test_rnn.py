@@ -8,6 +8,7 @@ from flax import nnx
 
 from seq2seq import config as config_lib
 from seq2seq.models import attention, build_model, rnn
+from tests.conftest import assert_stepping_matches_decode
 
 VOCAB = 40
 SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # EOS=3, PAD=0
@@ -29,14 +30,7 @@ def rnn_config(tiny_config, **model):
 def test_decode_step_reproduces_teacher_forced_decode(tiny_config, name, cell, input_feeding):
   model = build_model(rnn_config(tiny_config, attention=name, rnn_cell=cell,
                                  input_feeding=input_feeding), VOCAB)
-  memory = model.encode(SRC)
-  full = model.decode(memory, TGT)
-  cache = model.init_cache(memory, TGT.shape[1])
-  stepped = []
-  for t in range(TGT.shape[1]):
-    logits, cache = model.decode_step(memory, cache, TGT[:, t])
-    stepped.append(logits)
-  np.testing.assert_allclose(jnp.stack(stepped, 1), full, atol=1e-5)
+  assert_stepping_matches_decode(model, SRC, TGT, all_positions=True)
 
 
 @pytest.mark.parametrize("name", [n for n in RNN_VARIANTS if n != "none"])
