@@ -4,8 +4,10 @@
 
 Bidirectional LSTM encoder, LSTM decoder with a bridge, `general` attention and
 input feeding. Any other variant: --config.model.attention=concat (Bahdanau),
-dot, scaled_dot, location or none (Sutskever). Expected result: see the
-README's results table (validation BLEU and wall time on a 2-core CPU).
+dot, scaled_dot, location or none (Sutskever). Expected result (README's
+results table, 2-core CPU, no GPU): validation BLEU 27.5 (greedy, logged at
+step 800) in about 25 minutes; with `scripts/evaluate.py --beam_size=4`, 28.5 val
+and 29.2 test_2016_flickr sacreBLEU.
 """
 
 from seq2seq.config import base_config

@@ -1,4 +1,4 @@
-"""Pictures: attention heatmaps with subword labels."""
+"""Pictures: attention heatmaps, BLEU comparisons and training curves."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +33,48 @@ def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
         ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
   if title:
     fig.suptitle(title, fontsize=9)
+  return _save(fig, path)
+
+
+def bleu_chart(names: Sequence[str], bleu: Sequence[float], ci: Sequence[float],
+               path: str | Path, ylabel: str = "BLEU") -> Path:
+  """Bars of BLEU per run with their confidence intervals as error bars."""
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 2), 3.5))
+  ax.bar(range(len(names)), bleu, yerr=ci, capsize=4, color="tab:blue")
+  ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+  ax.set_ylabel(ylabel)
+  for i, value in enumerate(bleu):
+    ax.text(i, value / 2, f"{value:.1f}", ha="center", color="white", fontsize=8)
+  return _save(fig, path)
+
+
+def training_curves(curves: dict[str, Sequence[tuple[int, float, float]]],
+                    path: str | Path) -> Path:
+  """Validation BLEU and loss against step, one line per run: `{run: [(step, bleu, loss)]}`."""
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  for name, points in curves.items():
+    steps, bleu, loss = zip(*points, strict=True)
+    left.plot(steps, bleu, marker="o", label=name)
+    right.plot(steps, loss, marker="o", label=name)
+  left.set(xlabel="step", ylabel="validation BLEU")
+  right.set(xlabel="step", ylabel="validation loss")
+  left.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str],
+                                                  Sequence[str]]], path: str | Path) -> Path:
+  """One heatmap per run: `(name, weights [tgt_len, src_len], src tokens, tgt tokens)`."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False)
+  for ax, (name, weights, src, tgt) in zip(axes[0], panels, strict=True):
+    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=6)
+    ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
+    ax.set_title(name, fontsize=8)
+  return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
   fig.tight_layout()
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)

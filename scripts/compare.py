@@ -1,0 +1,43 @@
+"""Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
+
+  python scripts/compare.py runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR]
+
+Evaluates each run's best checkpoint (reusing evaluation files already written)
+and writes comparison.md, comparison.csv, bleu.png, curves.png and
+attention.png to --out (default: the first run's parent directory).
+"""
+
+from pathlib import Path
+
+from absl import app, flags
+
+from seq2seq.cli import run_main
+from seq2seq.compare import compare_runs
+from seq2seq.errors import UserError
+
+_BASELINE = flags.DEFINE_string("baseline", "", "Run the others are tested against"
+                                " (default: the first).")
+_SPLIT = flags.DEFINE_enum("split", "test", ["val", "test"], "Split of the table's test columns.")
+_OUT = flags.DEFINE_string("out", "", "Output directory.")
+_BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of every evaluation.")
+_SAMPLES = flags.DEFINE_integer("bootstrap_samples", 1000, "Paired bootstrap resamples.")
+
+
+def main(argv):
+  runs = argv[1:]
+
+  def compare():
+    if not runs:
+      raise UserError("Pass the run directories to compare, e.g. runs/rnn_attention/*.")
+    out = _OUT.value or str(Path(runs[0]).parent)
+    rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
+                        beam_size=_BEAM.value, n_samples=_SAMPLES.value)
+    print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
+    print(f"{len(rows)} runs; wrote comparison.md, comparison.csv, bleu.png, curves.png,"
+          f" attention.png to {out}")
+
+  run_main(compare)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,115 @@
+"""Sweeps: the cross product of config values, one workdir per combination.
+
+`run_sweep(config, ["model.attention=dot,general", "train.seed=0,1"], root)`
+trains every combination in `root/<readable name>`: finished runs are
+skipped, unfinished ones resume, and a failure is recorded without stopping
+the others.
+"""
+
+import concurrent.futures
+import itertools
+import logging
+import multiprocessing
+from pathlib import Path
+
+import ml_collections
+
+from seq2seq import config as config_lib
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.errors import UserError
+
+log = logging.getLogger("seq2seq")
+
+
+def _parse_value(text: str, like):
+  """`text` as the type of the config field it replaces."""
+  if isinstance(like, bool):
+    if text.lower() not in ("true", "false"):
+      raise UserError(f"{text!r} is not a boolean; use true or false.")
+    return text.lower() == "true"
+  try:
+    return type(like)(text)
+  except ValueError:
+    raise UserError(f"{text!r} is not a {type(like).__name__}.") from None
+
+
+def parse_sweep(spec: str, config: ml_collections.ConfigDict) -> tuple[str, list]:
+  """"model.attention=dot,general" -> ("model.attention", ["dot", "general"])."""
+  key, sep, values = spec.partition("=")
+  section, _, field = key.partition(".")
+  if not sep or not values:
+    raise UserError(f"--sweep={spec} is not FIELD=V1,V2,...; e.g. model.attention=dot,general.")
+  if section not in config or field not in config[section]:
+    raise UserError(f"--sweep={spec}: config has no field {key}; see seq2seq/config.py.")
+  return key, [_parse_value(v.strip(), config[section][field]) for v in values.split(",")]
+
+
+def expand(config: ml_collections.ConfigDict,
+           specs: list[str]) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """Every combination of the swept values: (readable name, its config)."""
+  sweeps = [parse_sweep(spec, config) for spec in specs]
+  runs = []
+  for values in itertools.product(*(vals for _, vals in sweeps)):
+    run = config_lib.from_json(config_lib.to_json(config))
+    parts = []
+    for (key, _), value in zip(sweeps, values, strict=True):
+      section, field = key.split(".")
+      run[section][field] = value
+      parts.append(f"{field}-{value}")
+    runs.append(("_".join(parts) or "base", run))
+  return runs
+
+
+def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
+  if not (workdir / "checkpoints").is_dir():
+    return False
+  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+  try:
+    latest = checkpoints.latest_step()
+  finally:
+    checkpoints.close()
+  return latest is not None and latest >= config.train.num_steps
+
+
+def _train(config_json: str, workdir: str) -> None:
+  from seq2seq.train import train_and_evaluate  # In a fresh process when run in parallel.
+
+  train_and_evaluate(config_lib.from_json(config_json), workdir)
+
+
+def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | Path,
+              parallel: int = 1) -> dict[str, str]:
+  """Trains every combination; returns run name -> "trained", "skipped" or "failed: ..."."""
+  root = Path(root)
+  runs = expand(config, specs)
+  for _, run in runs:
+    config_lib.validate(run)  # Every combination is checked before any trains.
+  status, todo = {}, []
+  for name, run in runs:
+    if is_complete(root / name, run):
+      status[name] = "skipped"
+    else:
+      todo.append((name, run))
+  log.info("Sweep of %d runs in %s: %d finished, %d to train.", len(runs), root,
+           len(runs) - len(todo), len(todo))
+
+  def record(name, error):
+    status[name] = "trained" if error is None else f"failed: {error}"
+    log.info("%s: %s", name, status[name])
+
+  if parallel <= 1:
+    for name, run in todo:
+      try:
+        _train(config_lib.to_json(run), str(root / name))
+        record(name, None)
+      except Exception as e:  # noqa: BLE001 (one failure must not stop the sweep)
+        record(name, f"{type(e).__name__}: {e}")
+  else:
+    context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
+    with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context) as pool:
+      futures = {pool.submit(_train, config_lib.to_json(run), str(root / name)): name
+                 for name, run in todo}
+      for future in concurrent.futures.as_completed(futures):
+        error = future.exception()
+        record(futures[future], None if error is None else f"{type(error).__name__}: {error}")
+  return {name: status[name] for name, _ in runs}

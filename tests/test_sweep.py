@@ -1,0 +1,81 @@
+"""A two-variant sweep on the tiny config, compared end to end."""
+
+import csv
+
+import pytest
+
+from seq2seq import compare, sweep
+from seq2seq.errors import UserError
+from tests.conftest import load_config
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+  c = load_config("tiny")
+  c.data.max_train_examples, c.data.max_len, c.data.bucket_step = 300, 16, 16
+  c.data.tokens_per_batch = 256
+  c.eval.max_sentences, c.eval.batch_size = 8, 8
+  c.train.num_steps, c.eval.every_steps = 4, 2
+  root = tmp_path_factory.mktemp("sweep")
+  status = sweep.run_sweep(c, ["model.attention=scaled_dot,dot"], root)
+  return c, root, status
+
+
+def test_sweep_trains_each_combination_in_a_readable_workdir(swept):
+  _, root, status = swept
+  assert status == {"attention-scaled_dot": "trained", "attention-dot": "trained"}
+  assert sorted(p.name for p in root.iterdir()) == ["attention-dot", "attention-scaled_dot"]
+
+
+def test_rerunning_the_sweep_trains_nothing(swept):
+  c, root, _ = swept
+  before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+  status = sweep.run_sweep(c, ["model.attention=scaled_dot,dot"], root)
+  assert set(status.values()) == {"skipped"}
+  assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_a_failing_run_is_reported_and_the_others_still_train(swept, tmp_path):
+  c, _, _ = swept
+  c = sweep.expand(c, [])[0][1]
+  c.data.max_len = 1  # Every pair is too long: this run fails at startup ...
+  status = sweep.run_sweep(c, ["data.max_len=1,16"], tmp_path)
+  assert status["max_len-1"].startswith("failed: UserError: The training corpus is empty")
+  assert status["max_len-16"] == "trained"  # ... and the sweep goes on.
+
+
+def test_sweep_values_take_the_field_type():
+  c = load_config("tiny")
+  assert sweep.parse_sweep("train.seed=0,1", c) == ("train.seed", [0, 1])
+  assert sweep.parse_sweep("model.pre_ln=true,false", c) == ("model.pre_ln", [True, False])
+  with pytest.raises(UserError, match="config has no field model.atention"):
+    sweep.parse_sweep("model.atention=dot", c)
+  with pytest.raises(UserError, match="'x' is not a int"):
+    sweep.parse_sweep("train.seed=x", c)
+
+
+def test_compare_writes_table_and_pictures(swept):
+  _, root, _ = swept
+  runs = [root / "attention-scaled_dot", root / "attention-dot"]
+  rows = compare.compare_runs(runs, root / "report", split="val", beam_size=2, n_samples=100)
+  with open(root / "report" / "comparison.csv", encoding="utf-8") as f:
+    table = list(csv.DictReader(f))
+  assert list(table[0]) == compare.COLUMNS
+  assert [r["run"] for r in table] == ["attention-scaled_dot", "attention-dot"]
+  assert rows[0]["p_value"] is None  # the baseline itself
+  for name in ("bleu.png", "curves.png", "attention.png"):
+    assert (root / "report" / name).read_bytes()[:8] == PNG
+  assert "paired bootstrap" in (root / "report" / "comparison.md").read_text()
+
+
+def test_a_run_against_itself_is_not_significant(swept):
+  _, root, _ = swept
+  run = root / "attention-dot"
+  hyps = compare._evaluation(run, "val", 2, 0.6)[1]
+  references = compare._references(load_config("tiny"), "val")[:len(hyps)]
+  perfect = list(references)
+  result = compare._significance(hyps, {"itself": list(hyps), "other": perfect}, references, 100)
+  assert result["itself"][1] == 1.0
+  assert result["other"][1] < 0.05  # the same test does detect a real difference
