@@ -24,7 +24,9 @@ class Checkpoints:
     self.directory = Path(workdir).resolve() / "checkpoints"
     preservation = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
-        policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1),
+        # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
+        policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1,
+                       keep_checkpoints_without_metrics=False),
     ])
     options = ocp.CheckpointManagerOptions(
         create=True, preservation_policy=preservation, enable_async_checkpointing=False)

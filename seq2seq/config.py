@@ -70,6 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
   t.weight_decay = 0.0  # Decoupled weight decay (AdamW); 0 = plain Adam.
   t.clip_norm = 1.0  # Global gradient-norm clipping (0 = off).
   t.label_smoothing = 0.1  # Label smoothing of the cross-entropy.
+  t.grad_accum_steps = 1  # Split each batch into k micro-batches; one update from their sum.
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
 
   c.eval = e = ml_collections.ConfigDict()
@@ -120,6 +121,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
       "train.num_steps": t.num_steps, "train.learning_rate": t.learning_rate,
+      "train.grad_accum_steps": t.grad_accum_steps,
       "train.log_every_steps": t.log_every_steps, "eval.every_steps": e.every_steps,
       "eval.batch_size": e.batch_size, "eval.beam_size": e.beam_size,
       "checkpoint.keep": config.checkpoint.keep,

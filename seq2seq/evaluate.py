@@ -65,8 +65,10 @@ def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   return result
 
 
-def _translate_fn(params, src, *, graphdef, max_len_a, max_len_b, max_len_limit, beam_size,
-                  alpha, nbest):
+def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
+                 max_len_limit: int, beam_size: int, alpha: float, nbest: int = 1):
+  """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length."""
   model = nnx.merge(graphdef, params)
   max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
   return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
@@ -100,7 +102,7 @@ class Translator:
     self.steps, self.params = _restore_params(workdir, checkpoint, self.config, params)
     self.checkpoint = checkpoint
     self._fn = jax.jit(functools.partial(
-        _translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
+        translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
         max_len_b=self.config.eval.max_decode_len_b, max_len_limit=self.config.model.max_len,
         beam_size=beam_size, alpha=alpha, nbest=nbest))
 

@@ -11,6 +11,8 @@ import functools
 import json
 import logging
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
-from seq2seq import decoding, evaluate
+from seq2seq import evaluate
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
@@ -85,19 +87,46 @@ def cross_entropy(logits, targets, label_smoothing: float):
 
 
 def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
-               label_smoothing: float):
-  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`."""
+               label_smoothing: float, accum_steps: int = 1):
+  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`.
+
+  The gradient is that of the token-summed loss divided by the batch's token
+  count. With `accum_steps` k > 1, rows i, i + k, i + 2k, ... form micro-batch
+  i (so every device holds a share of each); their summed gradients give the
+  same update as the whole batch at once, in about 1/k of the activation memory.
+  """
   # Folding in the step makes dropout a function of the step: resume is exact.
   step_key = jax.random.fold_in(dropout_key, state.step)
 
-  def loss_fn(params):
-    model = nnx.merge(graphdef, params)
-    rngs = nnx.Rngs(dropout=step_key)
-    logits = model.decode(model.encode(batch["src"], rngs=rngs), batch["tgt_in"], rngs=rngs)
-    sums = cross_entropy(logits, batch["tgt_out"], label_smoothing)
-    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+  def summed_grads(micro_batch, key):
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params)
+      rngs = nnx.Rngs(dropout=key)
+      memory = model.encode(micro_batch["src"], rngs=rngs)
+      logits = model.decode(memory, micro_batch["tgt_in"], rngs=rngs)
+      sums = cross_entropy(logits, micro_batch["tgt_out"], label_smoothing)
+      return sums["loss"], sums
 
-  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return grads, sums
+
+  if accum_steps == 1:
+    grads, sums = summed_grads(batch, step_key)
+  else:
+    # [rows, ...] -> [k, rows / k, ...] with micro-batch i = rows i::k.
+    micro = jax.tree.map(lambda x: x.reshape(-1, accum_steps, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def accumulate(total, xs):
+      i, micro_batch = xs
+      part = summed_grads(micro_batch, jax.random.fold_in(step_key, i))
+      return jax.tree.map(jnp.add, total, part), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(summed_grads, first, step_key))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(sums, grad_norm=optax.global_norm(grads))
@@ -109,16 +138,6 @@ def eval_step(params, batch, *, graphdef):
   model = nnx.merge(graphdef, params)
   logits = model.decode(model.encode(batch["src"]), batch["tgt_in"])
   return cross_entropy(logits, batch["tgt_out"], 0.0)
-
-
-def translate_step(params, src, *, graphdef, eval_config, max_len_limit: int):
-  """Best translations `[batch, max_len]` of `src [batch, src_len]` with the configured search."""
-  model = nnx.merge(graphdef, params)
-  max_len = decoding.max_decode_len(src.shape[1], eval_config.max_decode_len_a,
-                                    eval_config.max_decode_len_b, max_len_limit)
-  ids, _ = decoding.translate(model, src, max_len=max_len, beam_size=eval_config.beam_size,
-                              alpha=eval_config.alpha)
-  return ids[:, 0]
 
 
 class MetricsWriter:
@@ -191,7 +210,8 @@ class Trainer:
     src, tgt = batching.encode_pairs(self.tokenizer, train_text)
     self.train_batches = batching.TrainBatches(
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
-        bucket_step=d.bucket_step, seed=config.train.seed, row_multiple=jax.device_count(),
+        bucket_step=d.bucket_step, seed=config.train.seed,
+        row_multiple=jax.device_count() * config.train.grad_accum_steps,
         process_index=jax.process_index(), process_count=jax.process_count())
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
@@ -212,15 +232,19 @@ class Trainer:
                               out_shardings=self.replicated)
     self.train_step = jax.jit(
         functools.partial(train_step, graphdef=self.graphdef, optimizer=self.optimizer,
-                          label_smoothing=config.train.label_smoothing),
+                          label_smoothing=config.train.label_smoothing,
+                          accum_steps=config.train.grad_accum_steps),
         in_shardings=(self.replicated, self.data_sharding, self.replicated),
         out_shardings=(self.replicated, self.replicated), donate_argnums=0)
     self.eval_step = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
                              in_shardings=(self.replicated, self.data_sharding),
                              out_shardings=self.replicated)
+    e = config.eval
     self.translate_step = jax.jit(
-        functools.partial(translate_step, graphdef=self.graphdef, eval_config=config.eval,
-                          max_len_limit=config.model.max_len),
+        functools.partial(evaluate.translate_fn, graphdef=self.graphdef,
+                          max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
+                          max_len_limit=config.model.max_len, beam_size=e.beam_size,
+                          alpha=e.alpha),
         in_shardings=(self.replicated, self.data_sharding), out_shardings=self.data_sharding)
 
   def new_state(self) -> TrainState:
@@ -246,14 +270,34 @@ class Trainer:
     loss = sums["nll"] / max(sums["tokens"], 1.0)
 
     def translate(batch):
-      ids = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
-      return np.asarray(multihost_utils.process_allgather(ids, tiled=True))
+      ids, _ = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
+      return np.asarray(multihost_utils.process_allgather(ids[:, 0], tiled=True))
 
     hypotheses = evaluate.translate_batches(translate, self.val_batches, self.tokenizer.decode,
                                             len(self.val_text))
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
             **evaluate.bleu(hypotheses, self.val_text.tgt),
             "example": hypotheses[0]}
+
+
+class StopSignals:
+  """From creation until `restore()`, SIGTERM/SIGINT are recorded instead of killing
+  the process, so the training loop can checkpoint the current step and exit cleanly."""
+
+  def __init__(self):
+    self.received: str | None = None
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():  # Python's rule for handlers.
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.received = signal.Signals(signum).name
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -296,6 +340,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                        mininterval=2.0, disable=jax.process_index() != 0)
   pending, last_eval = [], {}
   interval_start, train_start = time.perf_counter(), time.perf_counter()
+  stop = StopSignals()
   try:
     for step in range(start, num_steps):
       batch = trainer.to_device(trainer.train_batches(step))
@@ -327,7 +372,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
                        f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
         interval_start = time.perf_counter()  # Evaluation time is not training throughput.
+      if stop.received and done < num_steps:
+        if checkpoints.latest_step() != done:
+          checkpoints.save(done, state)
+        log.info("Received %s: saved a checkpoint at step %d in %s; run the same command to"
+                 " resume.", stop.received, done, workdir)
+        return {**last_eval, "step": done, "interrupted": stop.received}
   finally:
+    stop.restore()
     progress.close()
     writer.close()
     checkpoints.close()

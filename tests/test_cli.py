@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from seq2seq.checkpoint import Checkpoints
 from tests.conftest import ROOT
@@ -53,3 +55,25 @@ def test_bad_value_is_one_line_error(tmp_path):
       "error: config.model.emb_dim=32 is not divisible by config.model.num_heads=5;"
       " choose sizes where it is."]
   assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_saves_a_checkpoint_at_the_current_step_and_exits_cleanly(tmp_path):
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, str(ROOT / "scripts" / "train.py"),
+         f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST,
+         "--config.train.num_steps=100000", "--config.train.log_every_steps=1",
+         "--config.eval.every_steps=100000"]
+  process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 240
+  while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+    assert process.poll() is None and time.time() < deadline, "training did not start"
+    time.sleep(0.2)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-3000:]
+  logged = len(metrics.read_text().splitlines())
+  (step,) = Checkpoints(workdir, keep=2).all_steps()
+  assert logged <= step < 100000  # the step it was at when the signal arrived
+  assert f"Received SIGTERM: saved a checkpoint at step {step}" in stderr

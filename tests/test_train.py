@@ -144,3 +144,25 @@ def test_every_variant_trains_on_tiny(tiny_batches, family, name):
     nll.append(float(metrics["nll"] / metrics["tokens"]))
   assert np.isfinite(nll).all()
   assert np.mean(nll[-3:]) < 0.8 * np.mean(nll[:3]), nll
+
+
+def test_gradient_accumulation_equals_one_large_batch(tiny_batches):
+  """k micro-batches summed into one update give the k-times-larger batch's update."""
+  c, vocab, batches = tiny_batches
+  c = copy.deepcopy(c)
+  c.model.dropout_rate = 0.0  # dropout masks differ per micro-batch by design
+  graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
+  optimizer = train.make_optimizer(c.train)
+  results = []
+  for k in (1, 4):
+    step = jax.jit(lambda s, b, key, k=k: train.train_step(
+        s, b, key, graphdef=graphdef, optimizer=optimizer, label_smoothing=0.1, accum_steps=k))
+    state = train.new_train_state(params, optimizer)
+    for i in range(2):
+      state, metrics = step(state, batches[i], jax.random.key(0))
+    results.append((state.params, metrics))
+  (params_1, metrics_1), (params_4, metrics_4) = results
+  for key in ("loss", "nll", "tokens"):
+    np.testing.assert_allclose(metrics_4[key], metrics_1[key], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)

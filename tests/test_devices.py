@@ -1,0 +1,39 @@
+"""Data parallelism: training on several devices equals one device with the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import ROOT
+
+# 256 tokens at padded length 16 are 16 rows: a multiple of 1 and of 4 devices,
+# so both runs see exactly the same global batches.
+OVERRIDES = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
+             "--config.data.bucket_step=16", "--config.data.tokens_per_batch=256",
+             "--config.eval.max_sentences=8", "--config.eval.batch_size=8",
+             "--config.eval.max_decode_len_a=1.0", "--config.eval.max_decode_len_b=0",
+             "--config.train.num_steps=4", "--config.eval.every_steps=4",
+             "--config.train.log_every_steps=1"]
+
+
+def train_on(devices: int, workdir):
+  env = dict(os.environ, PYTHONPATH=str(ROOT),
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "train.py"),
+       f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *OVERRIDES],
+      capture_output=True, text=True, env=env, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"devices: {devices}." in result.stderr
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def test_four_devices_give_the_losses_of_one(tmp_path):
+  one = train_on(1, tmp_path / "one")
+  four = train_on(4, tmp_path / "four")
+  assert len(one) == 4
+  np.testing.assert_allclose(four, one, rtol=2e-5)
