@@ -1,88 +1,48 @@
-"""Decoding speed at fixed shapes: sentences/s and tokens/s, greedy and beam search.
+"""Training and decoding speed at fixed shapes, one JSON line per measurement.
 
-  python scripts/benchmark.py [--batch=32 --src_len=40 --beams=1,4 --repeats=3]
+  python scripts/benchmark.py [--mode=train,decode] [--layers=3 --dim=256 --heads=4 --mlp=1024]
+      [--vocab=8000] [--batch=64 --length=32] [--decode_batch=32 --src_len=40 --out_len=40]
 
-Each measurement is one JSON line. The model is a Transformer with the given
-sizes and random weights; with random weights EOS almost never wins, so every
-sentence decodes to the full length and the work per call is fixed. "ours"
-projects cross-attention keys/values once per sentence in `encode`; the
-"recompute" baseline does what a straightforward cache-per-step decoder does
-and projects them from the encoder output again at every step. Both run in
-the same process, so their ratio is meaningful even on a noisy machine.
+train: step time, target tokens/s, model FLOPs per step (matmuls, x3 for the
+backward pass) and MFU against a matrix multiply measured in the same run (and
+the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
+and tokens/s, against a decoder that recomputes cross-attention keys and values
+every step, measured in the same process.
 """
 
-import functools
 import json
-import time
 
-import jax
-import jax.numpy as jnp
 from absl import app, flags
 
-from seq2seq import decoding
-from seq2seq.config import base_config
-from seq2seq.models import build_model
+from seq2seq import benchmark
 
-_BATCH = flags.DEFINE_integer("batch", 32, "Sentences per call.")
-_SRC_LEN = flags.DEFINE_integer("src_len", 40, "Source tokens per sentence.")
-_OUT_LEN = flags.DEFINE_integer("out_len", 40, "Output tokens per sentence.")
-_BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Beam sizes (1: greedy).")
+_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode.")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
 _DIM = flags.DEFINE_integer("dim", 256, "Model width.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
 _MLP = flags.DEFINE_integer("mlp", 1024, "Feed-forward width.")
 _VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per measurement (best is kept).")
-
-
-def recompute_cross_kv(model, memory, cache, token_ids):
-  """decode_step as a straightforward decoder does it: cross keys/values every step."""
-  cross_kv = tuple(layer.cross_attention.project_kv(memory.encoded)
-                   for layer in model.decoder_layers)
-  return model.decode_step(memory._replace(cross_kv=cross_kv), cache, token_ids)
-
-
-def search(model, src, *, beam, out_len, recompute):
-  memory = model.encode(src)
-  if beam > 1:
-    memory = decoding.expand_to_beams(memory, beam)
-  step = (functools.partial(recompute_cross_kv, model, memory) if recompute
-          else functools.partial(model.decode_step, memory))
-  cache = model.init_cache(memory, out_len)
-  if beam == 1:
-    return decoding.greedy_search(step, cache, src.shape[0], out_len)
-  return decoding.beam_search(step, cache, src.shape[0], out_len, beam_size=beam, alpha=0.6)[0]
+_BATCH = flags.DEFINE_integer("batch", 64, "Training sentences per step.")
+_LENGTH = flags.DEFINE_integer("length", 32, "Training source and target tokens per sentence.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed training steps (the fastest is kept).")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding call.")
+_SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.")
+_OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.")
+_BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Decoding: beam sizes (1: greedy).")
 
 
 def main(argv):
   del argv
-  c = base_config()
-  c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = _DIM.value, _HEADS.value, _MLP.value
-  c.model.num_encoder_layers = c.model.num_decoder_layers = _LAYERS.value
-  model = build_model(c, _VOCAB.value)
-  # Source tokens avoid the special ids 0-3 (PAD, UNK, BOS, EOS).
-  src = jax.random.randint(jax.random.key(0), (_BATCH.value, _SRC_LEN.value), 4, _VOCAB.value)
-  for beam in (int(b) for b in _BEAMS.value):
-    times = {}
-    for name, recompute in (("ours", False), ("recompute", True)):
-      fn = jax.jit(functools.partial(search, model, beam=beam, out_len=_OUT_LEN.value,
-                                     recompute=recompute))
-      ids = jax.block_until_ready(fn(src))  # compile
-      best = float("inf")
-      for _ in range(_REPEATS.value):
-        start = time.perf_counter()
-        ids = jax.block_until_ready(fn(src))
-        best = min(best, time.perf_counter() - start)
-      tokens = int(jnp.sum(ids[:, 0] != 0)) if ids.ndim == 3 else int(jnp.sum(ids != 0))
-      times[name] = best
-      print(json.dumps({
-          "benchmark": "decode", "impl": name, "beam": beam, "batch": _BATCH.value,
-          "src_len": _SRC_LEN.value, "out_len": _OUT_LEN.value, "layers": _LAYERS.value,
-          "dim": _DIM.value, "vocab": _VOCAB.value, "seconds": round(best, 4),
-          "sentences_per_sec": round(_BATCH.value / best, 2),
-          "tokens_per_sec": round(tokens / best, 1), "device": jax.devices()[0].device_kind}))
-    print(json.dumps({"benchmark": "decode", "beam": beam,
-                      "speedup_vs_recompute": round(times["recompute"] / times["ours"], 3)}))
+  sizes = dict(layers=_LAYERS.value, dim=_DIM.value, heads=_HEADS.value, mlp=_MLP.value,
+               vocab=_VOCAB.value)
+  if "train" in _MODE.value:
+    print(json.dumps(benchmark.train_benchmark(**sizes, batch=_BATCH.value, length=_LENGTH.value,
+                                               steps=_STEPS.value)), flush=True)
+  if "decode" in _MODE.value:
+    for result in benchmark.decode_benchmark(
+        **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
+        beams=[int(b) for b in _BEAMS.value]):
+      print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

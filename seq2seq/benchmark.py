@@ -1,0 +1,163 @@
+"""Speed at fixed shapes: training throughput with FLOPs and MFU, and decoding speed.
+
+Every function returns plain dicts (one per measurement) for JSON lines; the
+script `scripts/benchmark.py` prints them. Timings keep the best of several
+calls after a compiling one, so a noisy machine shows its fastest steady state.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from seq2seq import decoding, train
+from seq2seq.config import base_config
+from seq2seq.models import build_model
+
+# Dense peak FLOP/s of known accelerators (vendor data sheets, without sparsity).
+PEAK_FLOPS = {
+    "NVIDIA H100": {"bfloat16": 989e12, "float32": 67e12},  # SXM: TF32 is not used here.
+    "NVIDIA H200": {"bfloat16": 989e12, "float32": 67e12},
+    "NVIDIA A100": {"bfloat16": 312e12, "float32": 19.5e12},
+}
+
+
+def transformer_config(layers: int, dim: int, heads: int, mlp: int) -> ml_collections.ConfigDict:
+  c = base_config()
+  c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = dim, heads, mlp
+  c.model.num_encoder_layers = c.model.num_decoder_layers = layers
+  return c
+
+
+def transformer_flops(m: ml_collections.ConfigDict, vocab: int, batch: int, src_len: int,
+                      tgt_len: int, training: bool = True) -> float:
+  """FLOPs of one step counted from the matmuls (2 per multiply-add).
+
+  Weights are counted for every token; attention scores and weighted sums in
+  full (neither the encoder's nor the causal decoder's is halved). Training
+  counts the forward pass three times (forward + backward).
+  """
+  d, f = m.emb_dim, m.mlp_dim
+  s, t = batch * src_len, batch * tgt_len
+  encoder = m.num_encoder_layers * (
+      4 * s * d * d  # query, key, value, output projections
+      + 2 * batch * src_len * src_len * d  # scores and weighted sum
+      + 2 * s * d * f)  # feed-forward
+  decoder = m.num_decoder_layers * (
+      4 * t * d * d + 2 * batch * tgt_len * tgt_len * d  # self-attention
+      + 2 * t * d * d + 2 * s * d * d  # cross-attention: query/output; key/value of the source
+      + 2 * batch * tgt_len * src_len * d  # cross-attention scores and weighted sum
+      + 2 * t * d * f)
+  logits = t * d * vocab
+  macs = encoder + decoder + logits
+  return 2.0 * macs * (3 if training else 1)
+
+
+def matmul_flops_per_sec(size: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
+  """The FLOP/s of a square matrix multiply on this device, measured now."""
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  matmul = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(matmul(a, a))
+  best = min(_timed(lambda: matmul(a, a)) for _ in range(repeats))
+  return 2.0 * size**3 / best
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def _random_batch(batch: int, length: int, vocab: int) -> dict:
+  """Full-length sentences of random non-special tokens (ids 0-3 are PAD/UNK/BOS/EOS)."""
+  keys = jax.random.split(jax.random.key(1), 2)
+  src = jax.random.randint(keys[0], (batch, length), 4, vocab)
+  tgt = jax.random.randint(keys[1], (batch, length), 4, vocab)
+  tgt_in = jnp.concatenate([jnp.full((batch, 1), 2), tgt[:, :-1]], axis=1)
+  return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt}
+
+
+def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
+                    steps=10) -> dict:
+  """Step time, target tokens/s, FLOPs and MFU of the jitted train step at fixed shapes."""
+  c = transformer_config(layers, dim, heads, mlp)
+  graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
+  optimizer = train.make_optimizer(c.train)
+  step = jax.jit(functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
+                                   label_smoothing=0.1), donate_argnums=0)
+  state = train.new_train_state(params, optimizer)
+  data, key = _random_batch(batch, length, vocab), jax.random.key(0)
+  state, _ = jax.block_until_ready(step(state, data, key))  # compile
+  best = float("inf")
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = jax.block_until_ready(step(state, data, key))
+    best = min(best, time.perf_counter() - start)
+  flops = transformer_flops(c.model, vocab, batch, length, length)
+  matmul = matmul_flops_per_sec()
+  device = jax.devices()[0]
+  # Computation is float32 (bf16 compute is not implemented yet).
+  peak = PEAK_FLOPS.get(next((k for k in PEAK_FLOPS if device.device_kind.startswith(k)), ""),
+                        {}).get("float32")
+  return {"benchmark": "train", "layers": layers, "dim": dim, "heads": heads, "mlp": mlp,
+          "vocab": vocab, "batch": batch, "length": length, "dtype": "float32",
+          "step_seconds": round(best, 4),
+          "target_tokens_per_sec": round(float(metrics["tokens"]) / best, 1),
+          "model_tflops_per_step": round(flops / 1e12, 4),
+          "achieved_tflops": round(flops / best / 1e12, 4),
+          "matmul_tflops": round(matmul / 1e12, 4),
+          "mfu_vs_matmul": round(flops / best / matmul, 4),
+          "mfu_vs_peak": round(flops / best / peak, 4) if peak else None,
+          "device": device.device_kind}
+
+
+def recompute_cross_kv(model, memory, cache, token_ids):
+  """decode_step as a straightforward decoder does it: cross keys/values every step."""
+  cross_kv = tuple(layer.cross_attention.project_kv(memory.encoded)
+                   for layer in model.decoder_layers)
+  return model.decode_step(memory._replace(cross_kv=cross_kv), cache, token_ids)
+
+
+def _search(model, src, *, beam, out_len, recompute):
+  memory = model.encode(src)
+  if beam > 1:
+    memory = decoding.expand_to_beams(memory, beam)
+  step = (functools.partial(recompute_cross_kv, model, memory) if recompute
+          else functools.partial(model.decode_step, memory))
+  cache = model.init_cache(memory, out_len)
+  if beam == 1:
+    return decoding.greedy_search(step, cache, src.shape[0], out_len)
+  return decoding.beam_search(step, cache, src.shape[0], out_len, beam_size=beam, alpha=0.6)[0]
+
+
+def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=32, src_len=40,
+                     out_len=40, beams=(1, 4), repeats=3) -> list[dict]:
+  """Sentences/s and tokens/s of greedy and beam search, ours vs recomputing cross keys.
+
+  With random weights EOS almost never wins, so every sentence decodes to
+  `out_len` tokens and the work per call is fixed.
+  """
+  model = build_model(transformer_config(layers, dim, heads, mlp), vocab)
+  src = _random_batch(batch, src_len, vocab)["src"]
+  results = []
+  for beam in beams:
+    seconds = {}
+    for name, recompute in (("ours", False), ("recompute", True)):
+      fn = jax.jit(functools.partial(_search, model, beam=beam, out_len=out_len,
+                                     recompute=recompute))
+      ids = jax.block_until_ready(fn(src))  # compile
+      seconds[name] = min(_timed(lambda fn=fn: fn(src)) for _ in range(repeats))
+      tokens = int(jnp.sum((ids[:, 0] if ids.ndim == 3 else ids) != 0))
+      results.append({
+          "benchmark": "decode", "impl": name, "beam": beam, "batch": batch,
+          "src_len": src_len, "out_len": out_len, "layers": layers, "dim": dim, "vocab": vocab,
+          "seconds": round(seconds[name], 4),
+          "sentences_per_sec": round(batch / seconds[name], 2),
+          "tokens_per_sec": round(tokens / seconds[name], 1),
+          "device": jax.devices()[0].device_kind})
+    results.append({"benchmark": "decode", "beam": beam,
+                    "speedup_vs_recompute": round(seconds["recompute"] / seconds["ours"], 3)})
+  return results
