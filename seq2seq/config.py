@@ -70,6 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
   t.weight_decay = 0.0  # Decoupled weight decay (AdamW); 0 = plain Adam.
   t.clip_norm = 1.0  # Global gradient-norm clipping (0 = off).
   t.label_smoothing = 0.1  # Label smoothing of the cross-entropy.
+  t.dtype = "float32"  # Computation dtype ("bfloat16": mixed precision); parameters stay fp32.
   t.grad_accum_steps = 1  # Split each batch into k micro-batches; one update from their sum.
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
 
@@ -129,6 +130,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name, value in positive.items():
     if not value > 0:
       raise UserError(f"config.{name}={value} must be positive.")
+  if t.dtype not in ("float32", "bfloat16"):
+    raise UserError(f"config.train.dtype={t.dtype!r} is not supported; use float32 or bfloat16.")
   if m.rnn_cell not in RNN_CELLS:
     raise UserError(f"config.model.rnn_cell={m.rnn_cell!r} is not a cell; use one of:"
                     f" {', '.join(RNN_CELLS)}.")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT
 
@@ -32,6 +33,7 @@ def train_on(devices: int, workdir):
   return [r["loss"] for r in records if r["split"] == "train"]
 
 
+@pytest.mark.slow  # two training processes
 def test_four_devices_give_the_losses_of_one(tmp_path):
   one = train_on(1, tmp_path / "one")
   four = train_on(4, tmp_path / "four")

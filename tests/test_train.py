@@ -1,6 +1,7 @@
 """The training loop: one step end to end, overfitting, exact resume."""
 
 import copy
+import functools
 import json
 
 import jax
@@ -166,3 +167,27 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_batches):
     np.testing.assert_allclose(metrics_4[key], metrics_1[key], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow  # bfloat16 is emulated, so slow, on CPU
+@pytest.mark.parametrize("family,name", [("transformer", "scaled_dot"), ("rnn", "concat")])
+def test_bfloat16_compute_keeps_float32_parameters(tiny_batches, family, name):
+  """Mixed precision: bf16 activations, fp32 parameters and optimizer state, close losses."""
+  c, vocab, batches = tiny_batches
+  losses = {}
+  for dtype in ("float32", "bfloat16"):
+    cd = copy.deepcopy(c)
+    cd.model.family, cd.model.attention, cd.train.dtype = family, name, dtype
+    model = build_model(cd, vocab)
+    graphdef, params = nnx.split(model, nnx.Param)
+    optimizer = train.make_optimizer(cd.train)
+    step = jax.jit(functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
+                                     label_smoothing=0.1))
+    state, metrics = step(train.new_train_state(params, optimizer), batches[0], jax.random.key(0))
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+    assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype("float32")}
+    if dtype == "bfloat16":
+      memory = model.encode(jnp.asarray(batches[0]["src"]))
+      assert memory.encoded.dtype == jnp.bfloat16
+    losses[dtype] = float(metrics["loss"] / metrics["tokens"])
+  np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=2e-2)

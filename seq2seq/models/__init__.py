@@ -1,5 +1,6 @@
 """Model families behind one interface; `build_model` picks by config.model.family."""
 
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -18,4 +19,5 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int
     seed: parameter seed (default: config.train.seed).
   """
   seed = config.train.seed if seed is None else seed
-  return FAMILIES[config.model.family](config.model, vocab_size, rngs=nnx.Rngs(params=seed))
+  return FAMILIES[config.model.family](config.model, vocab_size, rngs=nnx.Rngs(params=seed),
+                                       dtype=jnp.dtype(config.train.dtype))

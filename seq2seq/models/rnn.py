@@ -17,6 +17,7 @@ teacher-forced decoding runs the stack once and attends for all steps at once.
 Every recurrence is a `jax.lax.scan`.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -84,7 +85,9 @@ def _scan_cell(cell, carry: Carry, inputs: jnp.ndarray, valid: jnp.ndarray):
 class RNN(nnx.Module):
   """See the module docstring; `cfg` is `config.model`."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
+               dtype=None):
+    """`dtype` is the computation's (e.g. bfloat16); parameters stay float32."""
     self.cell_type = cfg.rnn_cell
     self.attention = cfg.attention
     self.bahdanau = cfg.attention == "concat"
@@ -93,10 +96,11 @@ class RNN(nnx.Module):
     self.bidirectional = cfg.bidirectional
     hidden, emb = cfg.rnn_hidden_dim, cfg.emb_dim
     self.hidden = hidden
-    cell = CELLS[cfg.rnn_cell]
-    self.src_embed = nnx.Embed(vocab_size, emb, rngs=rngs)
-    self.tgt_embed = self.src_embed if cfg.share_embeddings else nnx.Embed(vocab_size, emb,
-                                                                           rngs=rngs)
+    cell = functools.partial(CELLS[cfg.rnn_cell], dtype=dtype)
+    linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
+    embed = functools.partial(nnx.Embed, vocab_size, emb, dtype=dtype, rngs=rngs)
+    self.src_embed = embed()
+    self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
     self.dropout = nnx.Dropout(cfg.dropout_rate)
 
     directions = 2 if cfg.bidirectional else 1
@@ -107,19 +111,19 @@ class RNN(nnx.Module):
         cell(emb if i == 0 else hidden * directions, hidden, rngs=rngs)
         for i in range(cfg.num_encoder_layers)]) if cfg.bidirectional else None
     # Attention needs keys in the decoder's space: fold both directions into one.
-    self.encoder_out = (nnx.Linear(hidden * directions, hidden, rngs=rngs)
+    self.encoder_out = (linear(hidden * directions, hidden)
                         if cfg.bidirectional else None)
-    self.bridge = (nnx.List([nnx.Linear(hidden * directions, hidden, rngs=rngs)
+    self.bridge = (nnx.List([linear(hidden * directions, hidden)
                              for _ in range(cfg.num_decoder_layers)]) if cfg.bridge else None)
-    self.context_proj = nnx.Linear(hidden * directions, hidden, rngs=rngs)
+    self.context_proj = linear(hidden * directions, hidden)
 
     first_input = emb + (emb if cfg.input_feeding else 0) + (hidden if self.bahdanau else 0)
     self.decoder_cells = nnx.List([cell(first_input if i == 0 else hidden, hidden, rngs=rngs)
                                    for i in range(cfg.num_decoder_layers)])
     self.score_params = (SCORES[cfg.attention].init(1, hidden, cfg.max_len, rngs)
                          if cfg.attention in SCORES else None)
-    self.combine = nnx.Linear(2 * hidden, emb, use_bias=False, rngs=rngs)  # W_c
-    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(emb, vocab_size, rngs=rngs)
+    self.combine = linear(2 * hidden, emb, use_bias=False)  # W_c
+    self.logits_dense = None if cfg.share_embeddings else linear(emb, vocab_size)
 
   # ----------------------------------------------------------------- encoder
 

@@ -46,9 +46,9 @@ def _dropout(layer: nnx.Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.n
 
 
 class FeedForward(nnx.Module):
-  def __init__(self, dim: int, hidden: int, dropout_rate: float, rngs: nnx.Rngs):
-    self.wi = nnx.Linear(dim, hidden, rngs=rngs)
-    self.wo = nnx.Linear(hidden, dim, rngs=rngs)
+  def __init__(self, dim: int, hidden: int, dropout_rate: float, rngs: nnx.Rngs, dtype=None):
+    self.wi = nnx.Linear(dim, hidden, dtype=dtype, rngs=rngs)
+    self.wo = nnx.Linear(hidden, dim, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(dropout_rate)
 
   def __call__(self, x, rngs=None):
@@ -58,9 +58,10 @@ class FeedForward(nnx.Module):
 class Sublayers(nnx.Module):
   """Residual connections with pre- or post-LayerNorm around each sublayer."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, count: int, rngs: nnx.Rngs):
+  def __init__(self, cfg: ml_collections.ConfigDict, count: int, rngs: nnx.Rngs, dtype=None):
     self.pre_ln = cfg.pre_ln
-    self.norms = nnx.List([nnx.LayerNorm(cfg.emb_dim, rngs=rngs) for _ in range(count)])
+    self.norms = nnx.List([nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)
+                           for _ in range(count)])
     self.dropout = nnx.Dropout(cfg.dropout_rate)
 
   def input(self, i: int, x):
@@ -73,20 +74,20 @@ class Sublayers(nnx.Module):
     return x if self.pre_ln else self.norms[i](x)
 
 
-def _attention(cfg, rngs, *, cross: bool = False):
+def _attention(cfg, rngs, dtype, *, cross: bool = False):
   # A window over positions means nothing between source and target positions:
   # with `local`, cross-attention stays full scaled dot-product attention.
   attention = "scaled_dot" if cross and cfg.attention == "local" else cfg.attention
   return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
                             dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
-                            max_keys=cfg.max_len, window=cfg.attention_window)
+                            max_keys=cfg.max_len, window=cfg.attention_window, dtype=dtype)
 
 
 class EncoderLayer(nnx.Module):
-  def __init__(self, cfg, rngs):
-    self.self_attention = _attention(cfg, rngs)
-    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs)
-    self.sub = Sublayers(cfg, 2, rngs)
+  def __init__(self, cfg, rngs, dtype=None):
+    self.self_attention = _attention(cfg, rngs, dtype)
+    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
+    self.sub = Sublayers(cfg, 2, rngs, dtype)
 
   def __call__(self, x, mask, rngs=None):
     h = self.sub.input(0, x)
@@ -96,11 +97,11 @@ class EncoderLayer(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  def __init__(self, cfg, rngs):
-    self.self_attention = _attention(cfg, rngs)
-    self.cross_attention = _attention(cfg, rngs, cross=True)
-    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs)
-    self.sub = Sublayers(cfg, 3, rngs)
+  def __init__(self, cfg, rngs, dtype=None):
+    self.self_attention = _attention(cfg, rngs, dtype)
+    self.cross_attention = _attention(cfg, rngs, dtype, cross=True)
+    self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
+    self.sub = Sublayers(cfg, 3, rngs, dtype)
 
   def __call__(self, x, self_mask, cross_kv, cross_mask, *, cache=None, index=None, rngs=None,
                return_weights=False):
@@ -135,28 +136,33 @@ class DecoderLayer(nnx.Module):
 class Transformer(nnx.Module):
   """Encoder-decoder Transformer; see the module docstring for the interface."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
+               dtype=None):
+    """`dtype` is the computation's (e.g. bfloat16); parameters stay float32."""
     self.dim = cfg.emb_dim
     self.num_heads = cfg.num_heads
     embed = lambda: nnx.Embed(  # noqa: E731
-        vocab_size, cfg.emb_dim, rngs=rngs,
+        vocab_size, cfg.emb_dim, dtype=dtype, rngs=rngs,
         embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5))
     self.src_embed = embed()
     # Sharing one table ties source, target and output (Press & Wolf, 2017).
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
-    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(cfg.emb_dim, vocab_size,
-                                                                     rngs=rngs)
+    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(
+        cfg.emb_dim, vocab_size, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout_rate)
-    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs)
+    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype)
                                     for _ in range(cfg.num_encoder_layers)])
-    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs)
+    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs, dtype)
                                     for _ in range(cfg.num_decoder_layers)])
     # Pre-LN leaves the residual stream unnormalized: normalize the stack outputs.
-    final_norm = lambda: nnx.LayerNorm(cfg.emb_dim, rngs=rngs) if cfg.pre_ln else None  # noqa: E731
+    final_norm = lambda: (nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)  # noqa: E731
+                          if cfg.pre_ln else None)
     self.encoder_norm, self.decoder_norm = final_norm(), final_norm()
 
   def _embed(self, table: nnx.Embed, ids, positions, rngs):
-    x = table(ids) * jnp.sqrt(self.dim) + sinusoidal_positions(positions, self.dim)
+    x = table(ids)
+    x = x * jnp.sqrt(self.dim).astype(x.dtype) + sinusoidal_positions(positions,
+                                                                       self.dim).astype(x.dtype)
     return _dropout(self.dropout, x, rngs)
 
   def _logits(self, y):
