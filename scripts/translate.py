@@ -5,6 +5,7 @@
 
 Empty input lines give empty output lines. With --nbest=N > 1 the output is in
 Moses n-best format, `index ||| translation ||| score`, N lines per input line.
+--sample [--temperature=T --top_k=K --seed=S] samples instead of searching.
 """
 
 import sys
@@ -16,6 +17,10 @@ from seq2seq.evaluate import Translator, read_lines
 
 _RUN = define_run_flags()
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
+_SAMPLE = flags.DEFINE_bool("sample", False, "Sample translations instead of searching.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling: softmax temperature.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling: only the k likeliest tokens (0: all).")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling: random seed.")
 _INPUT = flags.DEFINE_string("input", "-", "Input file ('-': standard input).")
 _OUTPUT = flags.DEFINE_string("output", "-", "Output file ('-': standard output).")
 
@@ -27,7 +32,9 @@ def main(argv):
     lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin")
     translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
-                            nbest=_NBEST.value)
+                            nbest=_NBEST.value,
+                            sample_seed=_SEED.value if _SAMPLE.value else None,
+                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value)
     out = []
     for index, nbest in enumerate(translator.translate(lines)):
       if _NBEST.value == 1:

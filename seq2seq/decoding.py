@@ -14,18 +14,30 @@ import jax.numpy as jnp
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
-  """Picks the most likely token at every step until EOS or `max_len`.
+def greedy_search(step_fn, cache, batch_size: int, max_len: int, *, sample_key=None,
+                  temperature: float = 1.0, top_k: int = 0) -> jnp.ndarray:
+  """Picks the most likely token at every step until EOS or `max_len`; or samples one.
 
   Args:
     step_fn: see the module docstring.
     cache: the model's initial cache for this batch (room for `max_len` steps).
     batch_size: number of sentences.
     max_len: most tokens to produce per sentence (EOS included).
+    sample_key: when given, sample each token from softmax(logits / temperature),
+      restricted to the `top_k` most likely tokens if `top_k` > 0.
 
   Returns:
     `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD.
   """
+
+  def choose(logits, i):
+    if sample_key is None:
+      return jnp.argmax(logits, axis=-1)
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k:
+      kth_best = jax.lax.top_k(logits, top_k)[0][:, -1:]
+      logits = jnp.where(logits < kth_best, -jnp.inf, logits)
+    return jax.random.categorical(jax.random.fold_in(sample_key, i), logits, axis=-1)
 
   def cond(carry):
     i, _, _, _, finished = carry
@@ -34,7 +46,7 @@ def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
   def body(carry):
     i, cache, tokens, last, finished = carry
     logits, cache = step_fn(cache, last)
-    next_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    next_ids = choose(logits, i).astype(jnp.int32)
     next_ids = jnp.where(finished, PAD_ID, next_ids)
     tokens = tokens.at[:, i].set(next_ids)
     return i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID)
@@ -157,8 +169,10 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
 
 
 def translate(model, src_ids: jnp.ndarray, *, max_len: int, beam_size: int = 1,
-              alpha: float = 0.0, nbest: int = 1):
-  """Encodes once and searches: greedy when `beam_size == 1` and `nbest == 1`.
+              alpha: float = 0.0, nbest: int = 1, sample_key=None, temperature: float = 1.0,
+              top_k: int = 0):
+  """Encodes once and searches: beam search, greedy (`beam_size == 1`, `nbest == 1`),
+  or sampling when `sample_key` is given (see `greedy_search`).
 
   Args:
     model: any model family (the shared encode / init_cache / decode_step interface).
@@ -171,9 +185,10 @@ def translate(model, src_ids: jnp.ndarray, *, max_len: int, beam_size: int = 1,
   """
   batch = src_ids.shape[0]
   memory = model.encode(src_ids)
-  if beam_size == 1 and nbest == 1:
+  if sample_key is not None or (beam_size == 1 and nbest == 1):
     ids = greedy_search(functools.partial(model.decode_step, memory),
-                        model.init_cache(memory, max_len), batch, max_len)
+                        model.init_cache(memory, max_len), batch, max_len,
+                        sample_key=sample_key, temperature=temperature, top_k=top_k)
     return ids[:, None], jnp.zeros((batch, 1), jnp.float32)
   memory = expand_to_beams(memory, beam_size)  # [batch * beam, ...]
   return beam_search(functools.partial(model.decode_step, memory),

@@ -66,13 +66,16 @@ def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
 
 
 def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
-                 max_len_limit: int, beam_size: int, alpha: float, nbest: int = 1):
+                 max_len_limit: int, beam_size: int, alpha: float, nbest: int = 1,
+                 sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
   """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
-  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length."""
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length.
+  With `sample_seed`, tokens are sampled (temperature, top-k) instead of searched."""
   model = nnx.merge(graphdef, params)
   max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
+  key = None if sample_seed is None else jax.random.key(sample_seed)
   return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
-                            nbest=nbest)
+                            nbest=nbest, sample_key=key, temperature=temperature, top_k=top_k)
 
 
 class Translator:
@@ -83,10 +86,12 @@ class Translator:
     checkpoint: "best" (validation BLEU), "latest", a step, or "avg:N".
     beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
     batch_size: sentences per compiled batch.
+    sample_seed, temperature, top_k: sample instead of searching when a seed is given.
   """
 
   def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
-               alpha: float = 0.6, nbest: int = 1, batch_size: int = 64):
+               alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
+               sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
     workdir = Path(workdir)
     config_path = workdir / "config.json"
     if not config_path.exists():
@@ -94,6 +99,9 @@ class Translator:
                       " that scripts/train.py wrote.")
     if not 1 <= nbest <= beam_size:
       raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    if sample_seed is not None and (nbest > 1 or temperature <= 0 or top_k < 0):
+      raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
+                      f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
     self.tokenizer = Tokenizer.load(workdir / "vocab" / "spm.model")
     self.batch_size, self.nbest = batch_size, nbest
@@ -104,7 +112,8 @@ class Translator:
     self._fn = jax.jit(functools.partial(
         translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
         max_len_b=self.config.eval.max_decode_len_b, max_len_limit=self.config.model.max_len,
-        beam_size=beam_size, alpha=alpha, nbest=nbest))
+        beam_size=beam_size, alpha=alpha, nbest=nbest, sample_seed=sample_seed,
+        temperature=temperature, top_k=top_k))
 
   def translate_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
     """Per sentence (ids without EOS), its n-best (output ids, score)."""

@@ -133,3 +133,23 @@ def test_beam_search_is_jittable(model):
   fn = jax.jit(lambda src: decoding.translate(model, src, max_len=8, beam_size=3, alpha=0.6))
   ids, _ = fn(SRC)
   assert ids.shape == (3, 1, 8)
+
+
+def test_sampling_with_top_k_one_is_greedy(model):
+  greedy, _ = decoding.translate(model, SRC, max_len=8)
+  sampled, _ = decoding.translate(model, SRC, max_len=8, sample_key=jax.random.key(3),
+                                  temperature=2.0, top_k=1)
+  np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_sampling_draws_only_from_the_top_k():
+  # From BOS: A 0.5, B 0.3, C 0.2; with top_k=2, C must never be drawn, A and B both are.
+  step = table_step(transition_table({BOS_ID: {A: 0.5, B: 0.3, C: 0.2}}))
+  first = decoding.greedy_search(step, jnp.zeros((500,)), 500, 2,
+                                 sample_key=jax.random.key(0), top_k=2)[:, 0]
+  counts = {t: int(np.sum(np.asarray(first) == t)) for t in (A, B, C)}
+  assert counts[C] == 0 and counts[A] > counts[B] > 100
+  # A fixed seed gives the same samples.
+  again = decoding.greedy_search(step, jnp.zeros((500,)), 500, 2,
+                                 sample_key=jax.random.key(0), top_k=2)[:, 0]
+  np.testing.assert_array_equal(first, again)
