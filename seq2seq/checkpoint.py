@@ -6,6 +6,7 @@ atomically by orbax: a killed save leaves no half-written step), the run's
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
 """
 
+import logging
 from pathlib import Path
 
 import jax
@@ -15,6 +16,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from seq2seq.errors import UserError
 
 BEST_METRIC = "bleu"
+log = logging.getLogger("seq2seq")
 
 
 class Checkpoints:
@@ -57,6 +59,41 @@ class Checkpoints:
     """Restores `step` into the structure, shapes and shardings of the pytree `like`."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def restore_latest_good(self, like) -> tuple[int | None, object]:
+    """Restores the newest checkpoint that reads back, moving damaged newer ones aside.
+
+    A checkpoint that fails to restore (a truncated or missing file) is moved to
+    `<workdir>/damaged_checkpoints/<step>` for inspection, never deleted, and a
+    warning names it and the step used instead.
+
+    Returns:
+      (step, state), or (None, `like`) when there is no checkpoint.
+    """
+    damaged = []
+    for step in reversed(self.all_steps()):
+      try:
+        state = self.restore(step, like)
+      except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
+        damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+        self._move_aside(step)
+        continue
+      for bad, error in damaged:
+        log.warning("Checkpoint %d in %s cannot be restored (%s); moved it to %s and resumed"
+                    " from step %d instead.", bad, self.directory, error,
+                    self.directory.parent / "damaged_checkpoints", step)
+      return step, state
+    if damaged:
+      raise UserError(f"No checkpoint in {self.directory} can be restored (steps"
+                      f" {', '.join(str(s) for s, _ in damaged)} are damaged and were moved to"
+                      f" {self.directory.parent / 'damaged_checkpoints'}); start a new --workdir.")
+    return None, like
+
+  def _move_aside(self, step: int) -> None:
+    target = self.directory.parent / "damaged_checkpoints" / str(step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (self.directory / str(step)).rename(target)
+    self.manager.reload()  # Forget the step it had listed.
 
   def resolve(self, spec: str) -> list[int]:
     """The steps that `spec` names: "latest", "best", a step number, or "avg:N" (last N).

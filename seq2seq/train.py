@@ -325,10 +325,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config_lib.to_json(config), encoding="utf-8")
   trainer = Trainer(config, workdir)
-  state = trainer.new_state()
-  if latest is not None:
-    state = checkpoints.restore(latest, state)
-    log.info("Resumed %s at step %d.", workdir, latest)
+  restored, state = checkpoints.restore_latest_good(trainer.new_state())
+  if restored is not None:
+    log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
   log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
            " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,

@@ -191,3 +191,28 @@ def test_bfloat16_compute_keeps_float32_parameters(tiny_batches, family, name):
       assert memory.encoded.dtype == jnp.bfloat16
     losses[dtype] = float(metrics["loss"] / metrics["tokens"])
   np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=2e-2)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_config, caplog,
+                                                              damage):
+  tiny_config.train.num_steps, tiny_config.eval.every_steps = 4, 2
+  tiny_config.train.log_every_steps = 1
+  train.train_and_evaluate(tiny_config, tmp_path)
+  newest = tmp_path / "checkpoints" / "4" / "default"
+  if damage == "truncated":
+    biggest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+  else:
+    (newest / "manifest.ocdbt").unlink()
+
+  tiny_config.train.num_steps = 6
+  with caplog.at_level("WARNING", logger="seq2seq"):
+    result = train.train_and_evaluate(tiny_config, tmp_path)
+  warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert len(warning) == 1 and warning[0].startswith("Checkpoint 4 in ")
+  assert "resumed from step 2 instead" in warning[0]
+  assert (tmp_path / "damaged_checkpoints" / "4" / "default").is_dir()
+  steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "train"]
+  assert steps == [1, 2, 3, 4, 3, 4, 5, 6]  # steps 3-4 trained again from step 2
+  assert result["step"] == 6 and Checkpoints(tmp_path, keep=2).all_steps()[-1] == 6
