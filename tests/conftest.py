@@ -18,8 +18,8 @@ def load_config(name: str):
   return module.get_config()
 
 
-@pytest.fixture
-def tiny_config():
+def fast_tiny_config():
+  """configs/tiny.py shrunk so that a run compiles one train shape and decodes 8 sentences."""
   c = load_config("tiny")
   c.data.max_train_examples = 300
   c.data.max_len = 16
@@ -30,6 +30,11 @@ def tiny_config():
   c.eval.max_decode_len_a = 1.0
   c.eval.max_decode_len_b = 0
   return c
+
+
+@pytest.fixture
+def tiny_config():
+  return fast_tiny_config()
 
 
 def assert_stepping_matches_decode(model, src, tgt, *, all_positions: bool = False):

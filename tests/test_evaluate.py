@@ -12,16 +12,13 @@ import pytest
 from seq2seq import evaluate, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
-from tests.conftest import ROOT, load_config
+from tests.conftest import ROOT, fast_tiny_config
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   """A tiny run with checkpoints at steps 2 and 4."""
-  c = load_config("tiny")
-  c.data.max_train_examples, c.data.max_len, c.data.bucket_step = 300, 16, 16
-  c.data.tokens_per_batch = 256
-  c.eval.max_sentences, c.eval.batch_size = 8, 8
+  c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2
   workdir = tmp_path_factory.mktemp("run")
   train.train_and_evaluate(c, workdir)

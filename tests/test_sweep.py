@@ -6,17 +6,14 @@ import pytest
 
 from seq2seq import compare, sweep
 from seq2seq.errors import UserError
-from tests.conftest import load_config
+from tests.conftest import fast_tiny_config, load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-  c = load_config("tiny")
-  c.data.max_train_examples, c.data.max_len, c.data.bucket_step = 300, 16, 16
-  c.data.tokens_per_batch = 256
-  c.eval.max_sentences, c.eval.batch_size = 8, 8
+  c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2
   root = tmp_path_factory.mktemp("sweep")
   status = sweep.run_sweep(c, ["model.attention=scaled_dot,dot"], root)
