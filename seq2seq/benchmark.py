@@ -104,7 +104,7 @@ def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=6
                         {}).get("float32")
   return {"benchmark": "train", "layers": layers, "dim": dim, "heads": heads, "mlp": mlp,
           "vocab": vocab, "batch": batch, "length": length, "dtype": "float32",
-          "step_seconds": round(best, 4),
+          "step_seconds": float(f"{best:.6g}"),
           "target_tokens_per_sec": round(float(metrics["tokens"]) / best, 1),
           "model_tflops_per_step": round(flops / 1e12, 4),
           "achieved_tflops": round(flops / best / 1e12, 4),
@@ -154,7 +154,7 @@ def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=
       results.append({
           "benchmark": "decode", "impl": name, "beam": beam, "batch": batch,
           "src_len": src_len, "out_len": out_len, "layers": layers, "dim": dim, "vocab": vocab,
-          "seconds": round(seconds[name], 4),
+          "seconds": float(f"{seconds[name]:.6g}"),
           "sentences_per_sec": round(batch / seconds[name], 2),
           "tokens_per_sec": round(tokens / seconds[name], 1),
           "device": jax.devices()[0].device_kind})
