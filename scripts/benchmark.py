@@ -6,8 +6,9 @@
 train: step time, target tokens/s, model FLOPs per step (matmuls, x3 for the
 backward pass) and MFU against a matrix multiply measured in the same run (and
 the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
-and tokens/s, against a decoder that recomputes cross-attention keys and values
-every step, measured in the same process.
+and tokens/s, against decoders that recompute cross-attention keys and values
+every step (as written, which XLA partly hoists out of the loop, and forced to
+run per step), measured in the same process.
 """
 
 import json

@@ -1,6 +1,7 @@
 """The benchmark's FLOP count against XLA's own count of the compiled forward pass."""
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -32,3 +33,14 @@ def test_train_benchmark_reports_consistent_figures():
   # millisecond, so compare relatively: both figures are rounded for printing.
   assert result["target_tokens_per_sec"] * result["step_seconds"] == pytest.approx(64, rel=1e-3)
   assert 0 < result["mfu_vs_matmul"] < 1.5
+
+
+def test_decode_baselines_translate_exactly_like_ours():
+  """The benchmark's baselines differ from our decoder in speed only."""
+  model = build_model(benchmark.transformer_config(layers=2, dim=32, heads=2, mlp=64), 100)
+  src = benchmark._random_batch(3, 7, 100)["src"]
+  for beam in (1, 3):
+    outputs = {impl: benchmark._search(model, src, beam=beam, out_len=9, impl=impl)
+               for impl in benchmark.DECODERS}
+    for impl, ids in outputs.items():
+      np.testing.assert_array_equal(ids, outputs["ours"], err_msg=f"{impl}, beam {beam}")
