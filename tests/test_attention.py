@@ -45,11 +45,11 @@ def test_weights_sum_to_one_and_are_zero_where_masked(name, causal):
     assert np.all(np.triu(weights[:, :, :, :], k=1) == 0.0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_linear_attention_equals_its_quadratic_formula(causal):
+@pytest.mark.parametrize("causal,chunk", [(False, 64), (True, 64), (True, 4), (True, 1)])
+def test_linear_attention_equals_its_quadratic_formula(causal, chunk):
   q, k, v = qkv(6, 6)
   mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
-  context, _ = attention.linear_attention(q, k, v, mask)
+  context, _ = attention.linear_attention(q, k, v, mask, chunk=chunk)  # 4: a ragged last chunk
   phi = lambda x: jax.nn.elu(x) + 1  # noqa: E731
   sim = jnp.einsum("bhqd,bhkd->bhqk", phi(q), phi(k)) * mask.dense(6)
   naive = jnp.einsum("bhqk,bhkd->bhqd", sim / (sim.sum(-1, keepdims=True) + 1e-6), v)

@@ -135,22 +135,52 @@ def _feature_map(x):
   return jax.nn.elu(x) + 1.0
 
 
-def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6):
+def _exclusive_cumsum(x, axis):
+  """Sums of everything before each position along `axis` (zero at the first)."""
+  total = jnp.cumsum(x, axis=axis)
+  return jnp.concatenate([jnp.zeros_like(jax.lax.slice_in_dim(x, 0, 1, axis=axis)),
+                          jax.lax.slice_in_dim(total, 0, -1, axis=axis)], axis=axis)
+
+
+def _causal_linear_sums(q, k, v, chunk: int):
+  """`sum_{j<=i} (q_i . k_j) v_j` and `sum_{j<=i} q_i . k_j` for every position i.
+
+  Chunk by chunk: within a chunk the `[chunk, chunk]` products are formed
+  directly; across chunks one `d x d_v` key-value sum per chunk is carried (not
+  one per position, which would take `chunk` times the memory). Work is
+  O(n * chunk * d + n * d^2), linear in the length n.
+  """
+  b, h, t, _ = q.shape
+  size = min(chunk, t)
+  n = -(-t // size)
+  q, k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, n * size - t), (0, 0))).reshape(b, h, n, size, -1)
+             for x in (q, k, v))
+  within = jnp.einsum("bhncd,bhnkd->bhnck", q, k) * jnp.tril(jnp.ones((size, size), q.dtype))
+  kv_before = _exclusive_cumsum(jnp.einsum("bhnkd,bhnke->bhnde", k, v), axis=2)
+  k_before = _exclusive_cumsum(k.sum(axis=3), axis=2)
+  numerator = (jnp.einsum("bhnck,bhnke->bhnce", within, v)
+               + jnp.einsum("bhncd,bhnde->bhnce", q, kv_before))
+  denominator = within.sum(-1) + jnp.einsum("bhncd,bhnd->bhnc", q, k_before)
+  return (numerator.reshape(b, h, n * size, -1)[:, :, :t],
+          denominator.reshape(b, h, n * size)[:, :, :t])
+
+
+def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6, chunk: int = 64):
   """Kernelized attention: phi(q)^T sum_j phi(k_j) v_j^T / phi(q)^T sum_j phi(k_j).
 
-  O(n) in sequence length: the key/value sums are formed once (prefix sums
-  when causal) instead of a `[q, k]` weight matrix.
+  O(n) in sequence length: the key/value sums are formed once (chunked prefix
+  sums when causal, see `_causal_linear_sums`) instead of a `[q, k]` matrix.
 
   Returns:
     (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`); the
     weights are formed only if a caller uses them (XLA drops them otherwise).
   """
+  if mask.segmented:  # The prefix sums below would run across packed sentences.
+    raise ValueError("linear attention does not support packed rows (segment ids).")
   q = _feature_map(query)
   k = _feature_map(keys) * mask.key_valid[:, None, :, None]
   if mask.causal:  # Teacher-forced decoder: query i sums keys 0..i.
-    kv = jnp.cumsum(jnp.einsum("bhkd,bhke->bhkde", k, values), axis=2)
-    numerator = jnp.einsum("bhqd,bhqde->bhqe", q, kv)
-    denominator = jnp.einsum("bhqd,bhqd->bhq", q, jnp.cumsum(k, axis=2))
+    numerator, denominator = _causal_linear_sums(q, k, values, chunk)
   else:
     numerator = jnp.einsum("bhqd,bhde->bhqe", q, jnp.einsum("bhkd,bhke->bhde", k, values))
     denominator = jnp.einsum("bhqd,bhd->bhq", q, k.sum(axis=2))
@@ -176,6 +206,8 @@ def local_attention(query, keys, values, mask: Mask, window: int):
   valid = (index >= 0) & (index < num_keys)
   index = jnp.clip(index, 0, num_keys - 1)
   valid = valid[None] & mask.key_valid[:, index]  # [batch, q, w]
+  if mask.segmented:
+    valid = valid & (mask.key_segments[:, index] == mask.query_segments[:, :, None])
   if mask.causal:
     valid = valid & (offsets <= 0)
   near_keys, near_values = keys[:, :, index], values[:, :, index]  # [b, h, q, w, d]
