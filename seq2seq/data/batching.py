@@ -7,6 +7,12 @@ A batch is a dict of int32 arrays, all `[rows, L]`:
 Source and target share L, a multiple of `bucket_step`, so only a few shapes
 ever reach the compiler. Filler rows are all PAD, which the loss ignores.
 
+Packed training batches (`pack=True`, Transformer only) put several pairs in
+each row, one shape for all: the i-th source and i-th target sentence of a row
+form a pair, and four more `[rows, L]` arrays say where:
+  "src_segments", "tgt_segments":   1, 2, ... per sentence of the row, 0 on PAD;
+  "src_positions", "tgt_positions": each token's position in its own sentence.
+
 Training batches are a pure function of (seed, step, process index): resuming
 at any step needs no iterator state and reproduces the uninterrupted run.
 """
@@ -34,19 +40,55 @@ def _padded_length(length: int, bucket_step: int) -> int:
 
 def _fill(src_ids, tgt_ids, rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
   """Builds one batch; `rows` holds example indices, -1 for an all-PAD filler row."""
-  batch = {k: np.full((len(rows), length), PAD_ID, np.int32)
-           for k in ("src", "tgt_in", "tgt_out")}
-  for r, i in enumerate(rows):
-    if i < 0:
-      continue
-    s, t = src_ids[i], tgt_ids[i]
-    batch["src"][r, :len(s)] = s
-    batch["src"][r, len(s)] = EOS_ID
-    batch["tgt_in"][r, 0] = BOS_ID
-    batch["tgt_in"][r, 1:len(t) + 1] = t
-    batch["tgt_out"][r, :len(t)] = t
-    batch["tgt_out"][r, len(t)] = EOS_ID
+  return _fill_packed(src_ids, tgt_ids, [[i] if i >= 0 else [] for i in rows], length,
+                      segments=False)
+
+
+def _fill_packed(src_ids, tgt_ids, rows: list, length: int, *,
+                 segments: bool = True) -> dict[str, np.ndarray]:
+  """Builds one batch whose row r holds the examples `rows[r]` one after the other."""
+  keys = ["src", "tgt_in", "tgt_out"]
+  if segments:
+    keys += ["src_segments", "tgt_segments", "src_positions", "tgt_positions"]
+  batch = {k: np.full((len(rows), length), PAD_ID, np.int32) for k in keys}
+  for r, examples in enumerate(rows):
+    s_at = t_at = 0  # Where the next sentence starts on each side.
+    for segment, i in enumerate(examples, start=1):
+      s, t = src_ids[i], tgt_ids[i]
+      batch["src"][r, s_at:s_at + len(s)] = s
+      batch["src"][r, s_at + len(s)] = EOS_ID
+      batch["tgt_in"][r, t_at] = BOS_ID
+      batch["tgt_in"][r, t_at + 1:t_at + len(t) + 1] = t
+      batch["tgt_out"][r, t_at:t_at + len(t)] = t
+      batch["tgt_out"][r, t_at + len(t)] = EOS_ID
+      if segments:
+        batch["src_segments"][r, s_at:s_at + len(s) + 1] = segment
+        batch["tgt_segments"][r, t_at:t_at + len(t) + 1] = segment
+        batch["src_positions"][r, s_at:s_at + len(s) + 1] = np.arange(len(s) + 1)
+        batch["tgt_positions"][r, t_at:t_at + len(t) + 1] = np.arange(len(t) + 1)
+      s_at, t_at = s_at + len(s) + 1, t_at + len(t) + 1
   return batch
+
+
+def _pack(examples: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, length: int,
+          rng: np.random.Generator) -> list[np.ndarray]:
+  """Groups examples into rows of at most `length` tokens a side (with EOS/BOS).
+
+  Examples are taken in a random order and each is added to the newest row if
+  it fits there on both sides, else it starts a new row (next fit): linear time,
+  and rows mix sentences of all lengths.
+  """
+  rows, row, s_used, t_used = [], [], 0, 0
+  for i in rng.permutation(examples):
+    s, t = src_len[i] + 1, tgt_len[i] + 1
+    if row and (s_used + s > length or t_used + t > length):
+      rows.append(np.array(row))
+      row, s_used, t_used = [], 0, 0
+    row.append(i)
+    s_used, t_used = s_used + s, t_used + t
+  if row:
+    rows.append(np.array(row))
+  return rows
 
 
 class TrainBatches:
@@ -54,7 +96,10 @@ class TrainBatches:
 
   Examples are bucketed by padded length L; bucket L always yields batches of
   `rows(L)` rows, so each bucket has one shape. An epoch visits every kept
-  example exactly once, in an order drawn from (seed, epoch).
+  example exactly once, in an order drawn from (seed, epoch). With `pack`,
+  there is one bucket, L = max_len rounded up to `bucket_step`, whose rows
+  each hold several examples; the grouping into rows is drawn once from the
+  seed, the order of the rows per epoch.
 
   Attributes:
     num_examples: pairs kept after length filtering.
@@ -65,7 +110,8 @@ class TrainBatches:
 
   def __init__(self, src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *,
                tokens_per_batch: int, max_len: int, bucket_step: int, seed: int,
-               row_multiple: int = 1, process_index: int = 0, process_count: int = 1):
+               row_multiple: int = 1, process_index: int = 0, process_count: int = 1,
+               pack: bool = False):
     """Filters and buckets the examples.
 
     Args:
@@ -79,6 +125,7 @@ class TrainBatches:
         of data-parallel devices); must be a multiple of `process_count`.
       process_index: which contiguous slice of each global batch to return.
       process_count: number of processes sharing each global batch.
+      pack: put several examples in each row (see the module docstring).
     """
     if len(src_ids) != len(tgt_ids):
       raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
@@ -101,9 +148,16 @@ class TrainBatches:
       raise UserError(f"The training corpus is empty after length filtering"
                       f" (config.data.max_len={max_len}); raise config.data.max_len.")
 
-    lengths = np.maximum(src_len[kept], tgt_len[kept]) + 1
-    padded = bucket_step * -(-lengths // bucket_step)  # Ceiling division.
-    self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
+    if pack:
+      # Bucket items are rows of `self._packs`, not examples.
+      length = _padded_length(max_len, bucket_step)
+      self._packs = _pack(kept, src_len, tgt_len, length, np.random.default_rng(seed))
+      self._buckets = {length: np.arange(len(self._packs))}
+    else:
+      self._packs = None
+      lengths = np.maximum(src_len[kept], tgt_len[kept]) + 1
+      padded = bucket_step * -(-lengths // bucket_step)  # Ceiling division.
+      self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
     self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
                   for b in self._buckets}
     self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
@@ -133,7 +187,8 @@ class TrainBatches:
       step: global training step, >= 0.
 
     Returns:
-      "src", "tgt_in", "tgt_out": int32 `[rows(L) / process_count, L]`.
+      "src", "tgt_in", "tgt_out" (and, packed, the segment ids and positions):
+      int32 `[rows(L) / process_count, L]`.
     """
     if step < 0:
       raise ValueError(f"step={step} must be >= 0.")
@@ -144,7 +199,11 @@ class TrainBatches:
     examples = np.concatenate([examples, np.full(rows - len(examples), -1, examples.dtype)])
     per_process = rows // self._process_count
     start = self._process_index * per_process
-    return _fill(self._src, self._tgt, examples[start:start + per_process], length)
+    mine = examples[start:start + per_process]
+    if self._packs is None:
+      return _fill(self._src, self._tgt, mine, length)
+    return _fill_packed(self._src, self._tgt, [self._packs[i] if i >= 0 else [] for i in mine],
+                        length)
 
 
 def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,

@@ -172,10 +172,17 @@ class Transformer(nnx.Module):
       return self.tgt_embed.attend(y).astype(jnp.float32)
     return self.logits_dense(y).astype(jnp.float32)
 
-  def encode(self, src_ids: jnp.ndarray, *, rngs: nnx.Rngs | None = None) -> Memory:
-    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded)."""
-    src_mask = masks.padding_mask(src_ids)
-    x = self._embed(self.src_embed, src_ids, jnp.arange(src_ids.shape[1]), rngs)
+  def encode(self, src_ids: jnp.ndarray, *, segments: jnp.ndarray | None = None,
+             positions: jnp.ndarray | None = None, rngs: nnx.Rngs | None = None) -> Memory:
+    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded).
+
+    Packed rows (several sentences per row) also pass `segments` and `positions`,
+    both `[batch, src_len]`: each token's sentence (1, 2, ...) and position in it.
+    """
+    src_mask = masks.padding_mask(src_ids, segments)
+    if positions is None:
+      positions = jnp.arange(src_ids.shape[1])
+    x = self._embed(self.src_embed, src_ids, positions, rngs)
     for layer in self.encoder_layers:
       x = layer(x, src_mask, rngs)
     if self.encoder_norm is not None:
@@ -184,12 +191,20 @@ class Transformer(nnx.Module):
     return Memory(x, src_mask, cross_kv)
 
   def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
+             segments: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
              rngs: nnx.Rngs | None = None) -> jnp.ndarray:
-    """Teacher-forced decoding: `tgt_in_ids [batch, t]` -> logits `[batch, t, vocab]`."""
-    y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), rngs)
-    self_mask = masks.decoder_self_mask(tgt_in_ids)
+    """Teacher-forced decoding: `tgt_in_ids [batch, t]` -> logits `[batch, t, vocab]`.
+
+    For packed rows, `segments`/`positions` `[batch, t]` as in `encode`; target
+    sentence i then attends to source sentence i only.
+    """
+    if positions is None:
+      positions = jnp.arange(tgt_in_ids.shape[1])
+    y = self._embed(self.tgt_embed, tgt_in_ids, positions, rngs)
+    self_mask = masks.decoder_self_mask(tgt_in_ids, segments)
+    cross_mask = masks.cross_mask(memory.src_mask, segments)
     for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
-      y, _ = layer(y, self_mask, kv, memory.src_mask, rngs=rngs)
+      y, _ = layer(y, self_mask, kv, cross_mask, rngs=rngs)
     return self._logits(y)
 
   def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
