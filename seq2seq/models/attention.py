@@ -177,8 +177,6 @@ def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6, chunk: 
   """
   if mask.segmented:  # The prefix sums below would run across packed sentences.
     raise ValueError("linear attention does not support packed rows (segment ids).")
-  if mask.segmented:  # The prefix sums below would run across packed sentences.
-    raise ValueError("linear attention does not support packed rows (segment ids).")
   q = _feature_map(query)
   k = _feature_map(keys) * mask.key_valid[:, None, :, None]
   if mask.causal:  # Teacher-forced decoder: query i sums keys 0..i.
@@ -208,8 +206,6 @@ def local_attention(query, keys, values, mask: Mask, window: int):
   valid = (index >= 0) & (index < num_keys)
   index = jnp.clip(index, 0, num_keys - 1)
   valid = valid[None] & mask.key_valid[:, index]  # [batch, q, w]
-  if mask.segmented:
-    valid = valid & (mask.key_segments[:, index] == mask.query_segments[:, :, None])
   if mask.segmented:
     valid = valid & (mask.key_segments[:, index] == mask.query_segments[:, :, None])
   if mask.causal:
