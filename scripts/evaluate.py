@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags
 
-from seq2seq.cli import define_run_flags, run_main
+from seq2seq.cli import define_run_flags, parse_flags, run_main
 from seq2seq.evaluate import run_evaluation
 
 _RUN = define_run_flags()
@@ -37,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -9,7 +9,7 @@ Kept short on purpose: the logic lives in `seq2seq.train`, importable and tested
 from absl import app, flags
 from ml_collections import config_flags
 
-from seq2seq.cli import run_main
+from seq2seq.cli import parse_flags, run_main
 from seq2seq.train import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -24,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -2,13 +2,41 @@
 
 import logging
 import sys
+from pathlib import Path
 
 from absl import flags
 from absl import logging as absl_logging
 
+from seq2seq import config as config_lib
 from seq2seq.errors import UserError
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too.
+
+  `--config.<field>` overrides are checked against the base config first, so an
+  unknown field or a value of the wrong type names the flag and the fix instead
+  of ending in config_flags' traceback.
+  """
+  try:
+    for i, arg in enumerate(argv[1:], start=1):
+      if arg == "--":
+        break
+      if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
+        config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
+      elif arg.startswith(("--config=", "-config=")):
+        path = Path(arg.partition("=")[2].partition(":")[0])  # config_flags takes FILE[:ARGS].
+        if not path.is_file():
+          raise UserError(f"--config={path} is not a file; pass an experiment config such as"
+                          " --config=configs/tiny.py.")
+    return flags.FLAGS(argv)
+  except (UserError, flags.Error) as e:
+    if "--verbose" in argv:
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 def run_main(fn) -> None:

@@ -94,6 +94,72 @@ def _suggest(name: str, options) -> str:
   return f" Did you mean {close[0]!r}?" if close else ""
 
 
+_BOOL_TEXT = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
+_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def check_override(arg: str, following: str | None = None) -> None:
+  """Checks one `--config.<section>.<field>[=value]` flag against the base config.
+
+  `following` is the next command-line argument, the value of `--config.x.y VALUE`.
+
+  ml_collections' config_flags would raise a traceback (unknown field) or a
+  generic flag error (wrong type); this names the flag and the fix first.
+
+  Raises:
+    UserError: the field does not exist (suggesting the closest one), or the
+      value does not parse as the field's type.
+  """
+  flag, _, text = arg.lstrip("-").partition("=")
+  negated = flag.startswith("noconfig.")
+  name = flag[len("noconfig." if negated else "config."):]
+  base = base_config()
+  fields = [f"{section}.{key}" for section in base for key in base[section]]
+  if name not in fields:
+    section, _, key = name.partition(".")
+    same_key = [f for f in fields if f.endswith("." + key)]
+    close = same_key or (
+        difflib.get_close_matches(name, [f for f in fields if f.startswith(section + ".")], n=1)
+        or difflib.get_close_matches(name, fields, n=1))
+    fix = (f"did you mean --config.{close[0]}?" if close else
+           f"the fields are listed in seq2seq/config.py (sections: {', '.join(base)}).")
+    raise UserError(f"--{flag} is not a config field; {fix}")
+  section, key = name.split(".")
+  default = base[section][key]
+  kind = type(default)
+  example = (f"--config.{name}=true or --config.{name}=false" if kind is bool else
+             f"one such as --config.{name}={default}")
+  if "=" not in arg:
+    if kind is bool:
+      return
+    if following is None or negated:
+      raise UserError(f"--{flag} needs a value; pass {example}.")
+    text = following  # absl also takes `--flag value`.
+  try:
+    if kind is bool:
+      _BOOL_TEXT[text.lower()]  # noqa: B018 (only parsed)
+    elif kind in (int, float):
+      kind(text)
+  except (KeyError, ValueError):
+    raise UserError(f"--config.{name}={text} is not {_TYPE_NAMES[kind]}; pass {example}.")\
+        from None
+
+
+def _check_types(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict) -> None:
+  """Every field holds the base config's type (an int where a float is expected is fine)."""
+  for section in base:
+    for key, default in base[section].items():
+      value = config[section].get(key, default)
+      kind = type(default)
+      if isinstance(value, bool) and kind is not bool:
+        ok = False  # bool is an int subclass, but True is no layer count.
+      else:
+        ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
+      if not ok:
+        raise UserError(f"config.{section}.{key}={value!r} is a {type(value).__name__}; it takes"
+                        f" {_TYPE_NAMES.get(kind, kind.__name__)} (default {default!r}).")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises `UserError` naming the first bad field and how to fix it."""
   base = base_config()
@@ -105,6 +171,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       if key not in base[section]:
         raise UserError(f"Unknown config field {section}.{key}."
                         f"{_suggest(key, base[section].keys())}")
+  _check_types(config, base)
   m, d, t, e = config.model, config.data, config.train, config.eval
   if m.family not in FAMILIES:
     raise UserError(f"config.model.family={m.family!r} is not a model family;"
@@ -130,6 +197,25 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name, value in positive.items():
     if not value > 0:
       raise UserError(f"config.{name}={value} must be positive.")
+  non_negative = {
+      "data.max_train_examples": d.max_train_examples, "train.warmup_steps": t.warmup_steps,
+      "train.adam_eps": t.adam_eps, "train.weight_decay": t.weight_decay,
+      "train.clip_norm": t.clip_norm, "eval.max_sentences": e.max_sentences,
+      "eval.alpha": e.alpha, "eval.max_decode_len_a": e.max_decode_len_a,
+      "eval.max_decode_len_b": e.max_decode_len_b,
+  }
+  for name, value in non_negative.items():
+    if value < 0:
+      raise UserError(f"config.{name}={value} must not be negative.")
+  for name in ("adam_b1", "adam_b2"):
+    if not 0.0 <= t[name] < 1.0:
+      raise UserError(f"config.train.{name}={t[name]} must be in [0, 1).")
+  if e.split not in ("train", "val", "test"):
+    raise UserError(f"config.eval.split={e.split!r} is not a split; use one of: train, val,"
+                    " test.")
+  if e.max_decode_len_a == 0 and e.max_decode_len_b == 0:
+    raise UserError("config.eval.max_decode_len_a and max_decode_len_b are both 0, so nothing"
+                    " would be decoded; make one of them positive.")
   if t.dtype not in ("float32", "bfloat16"):
     raise UserError(f"config.train.dtype={t.dtype!r} is not supported; use float32 or bfloat16.")
   if m.rnn_cell not in RNN_CELLS:
