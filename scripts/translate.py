@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from seq2seq.cli import define_run_flags, run_main
+from seq2seq.cli import define_run_flags, parse_flags, run_main
 from seq2seq.evaluate import Translator, read_lines
 
 _RUN = define_run_flags()
@@ -29,7 +29,7 @@ def main(argv):
   del argv
 
   def translate():
-    lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin")
+    lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin", "--input")
     translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
                             nbest=_NBEST.value,
@@ -52,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -6,16 +6,20 @@ atomically by orbax: a killed save leaves no half-written step), the run's
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
 """
 
+import json
 import logging
 from pathlib import Path
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from seq2seq import config as config_lib
 from seq2seq.errors import UserError
 
 BEST_METRIC = "bleu"
+VOCAB = Path("vocab") / "spm.model"  # The run's SentencePiece model, relative to the workdir.
 log = logging.getLogger("seq2seq")
 
 
@@ -48,8 +52,38 @@ class Checkpoints:
 
   def shapes(self, step: int) -> dict:
     """The saved tree of `step` as nested dicts of array shapes, read without restoring."""
-    metadata = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "default")
-    return jax.tree.map(lambda leaf: tuple(leaf.shape), dict(metadata.item_metadata))
+    # The handler, not StandardCheckpointer: that one warns about a missing step-level file.
+    metadata = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "default")
+    return jax.tree.map(lambda leaf: tuple(leaf.shape), dict(metadata))
+
+  def check_params(self, step: int, params_like) -> None:
+    """Raises `UserError` if the parameters saved at `step` do not fit `params_like`.
+
+    Names the first differing parameter, and says whether the run's vocabulary
+    or its config no longer matches the checkpoint, so a mismatch is never
+    mistaken for a damaged checkpoint (or restored into a wrong model).
+    """
+    saved = _flat_shapes(self.shapes(step)["params"])
+    model = _flat_shapes(params_like)
+    names = sorted(saved.keys() | model.keys())
+    differ = [(n, saved.get(n), model.get(n)) for n in names if saved.get(n) != model.get(n)]
+    if not differ:
+      return
+    workdir = self.directory.parent
+    vocab = _vocab_size(workdir / VOCAB)
+    # Only the vocabulary-sized axis of embedding/output tables differs: a foreign vocabulary.
+    rows = [_vocab_axis(s, m, vocab) for _, s, m in differ]
+    if vocab is not None and None not in rows and len(set(rows)) == 1:
+      raise UserError(f"{workdir / VOCAB} has {vocab} subwords but the checkpoint at step {step}"
+                      f" was trained with {rows[0]} ({differ[0][0]}): the vocabulary is not"
+                      " this run's; put back the run's vocab/ or train in a new --workdir.")
+    name, in_checkpoint, in_model = differ[0]
+    more = f", and {len(differ) - 1} more parameters differ" if len(differ) > 1 else ""
+    raise UserError(
+        f"The checkpoint at step {step} in {workdir} does not fit the model of its config.json"
+        f" ({name} is {_describe(in_checkpoint)} in the checkpoint but {_describe(in_model)} in"
+        f" the model{more}); was config.json edited? Put back the run's config.json or train in"
+        " a new --workdir.")
 
   def save(self, step: int, state, metrics: dict | None = None) -> None:
     self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
@@ -72,6 +106,13 @@ class Checkpoints:
     """
     damaged = []
     for step in reversed(self.all_steps()):
+      try:
+        self.shapes(step)
+      except Exception as e:  # noqa: BLE001 (unreadable metadata: a damaged checkpoint)
+        damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+        self._move_aside(step)
+        continue
+      self.check_params(step, like.params)  # A mismatch is the user's to fix, not damage.
       try:
         state = self.restore(step, like)
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
@@ -110,6 +151,10 @@ class Checkpoints:
       best = self.best_step()
       return [best if best is not None else steps[-1]]
     if spec.startswith("avg:") and spec[4:].isdigit() and int(spec[4:]) > 0:
+      if int(spec[4:]) > len(steps):
+        raise UserError(f"--checkpoint={spec} averages {spec[4:]} checkpoints but {self.directory}"
+                        f" holds {len(steps)} (steps {', '.join(map(str, steps))}); use"
+                        f" --checkpoint=avg:{len(steps)} or fewer.")
       return steps[-int(spec[4:]):]
     if spec.isdigit() and int(spec) in steps:
       return [int(spec)]
@@ -118,6 +163,68 @@ class Checkpoints:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
+  """Refuses to resume a run whose model or data config differ from `config`.
+
+  Raises:
+    UserError: naming every differing field, its value in the run and in `config`.
+  """
+  path = Path(workdir) / "config.json"
+  if not path.exists():
+    return
+  saved = json.loads(path.read_text(encoding="utf-8"))
+  differ = []
+  for section in ("model", "data"):
+    for key, value in config[section].to_dict().items():
+      if saved.get(section, {}).get(key, value) != value:
+        differ.append(f"config.{section}.{key}={saved[section][key]!r} (not {value!r})")
+  if differ:
+    raise UserError(f"{workdir} holds a run trained with {', '.join(differ)}; drop those"
+                    " overrides to resume it, or pass a new --workdir.")
+
+
+def save_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
+  """Writes `<workdir>/config.json` atomically, and only if it changes (a failed start of
+  a finished or mismatched run leaves the file untouched)."""
+  path, text = Path(workdir) / "config.json", config_lib.to_json(config)
+  if path.exists() and path.read_text(encoding="utf-8") == text:
+    return
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(text, encoding="utf-8")
+  tmp.replace(path)
+
+
+def _flat_shapes(tree) -> dict[str, tuple]:
+  """{"decoder_layers.0.mlp.kernel": shape} of a parameter tree, saved or live."""
+  def name(path):
+    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return ".".join(parts[:-1] if parts and parts[-1] == "value" else parts)
+  leaves = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(d, int) for d in x))[0]
+  return {name(path): tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
+          for path, leaf in leaves}
+
+
+def _vocab_axis(saved: tuple | None, model: tuple | None, vocab: int | None) -> int | None:
+  """The saved size of the one axis where the shapes differ, if the model has `vocab` there."""
+  if saved is None or model is None or len(saved) != len(model):
+    return None
+  axes = [i for i, (a, b) in enumerate(zip(saved, model, strict=True)) if a != b]
+  return saved[axes[0]] if len(axes) == 1 and model[axes[0]] == vocab else None
+
+
+def _describe(shape: tuple | None) -> str:
+  return "missing" if shape is None else f"of shape {shape}"
+
+
+def _vocab_size(path: Path) -> int | None:
+  """Pieces in the run's SentencePiece model (None if there is none)."""
+  if not path.is_file():
+    return None
+  import sentencepiece as spm
+  return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
 
 
 def average(trees: list):

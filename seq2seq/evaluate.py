@@ -19,7 +19,7 @@ from flax import nnx
 
 from seq2seq import config as config_lib
 from seq2seq import decoding
-from seq2seq.checkpoint import Checkpoints, average
+from seq2seq.checkpoint import VOCAB, Checkpoints, average
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from seq2seq.errors import UserError
@@ -103,7 +103,15 @@ class Translator:
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
-    self.tokenizer = Tokenizer.load(workdir / "vocab" / "spm.model")
+    checkpoints = Checkpoints(workdir, self.config.checkpoint.keep)
+    try:
+      checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
+    finally:
+      checkpoints.close()
+    if not (workdir / VOCAB).is_file():
+      raise UserError(f"{workdir / VOCAB} is missing: the run's checkpoints only work with the"
+                      " vocabulary they were trained with; put it back from a copy of the run.")
+    self.tokenizer = Tokenizer.load(workdir / VOCAB)
     self.batch_size, self.nbest = batch_size, nbest
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
@@ -171,11 +179,8 @@ def _restore_params(workdir: Path, spec: str, config, params_like):
   try:
     steps = checkpoints.resolve(spec)
     state_like = train.new_train_state(params_like, train.make_optimizer(config.train))
-    is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
-    saved = sorted(jax.tree.leaves(checkpoints.shapes(steps[0])["params"], is_leaf=is_shape))
-    if saved != sorted(tuple(x.shape) for x in jax.tree.leaves(params_like)):
-      raise UserError(f"The checkpoint at step {steps[0]} in {workdir} does not match the model"
-                      " its config.json builds; was config.json edited? Restore the run's config.")
+    for step in steps:
+      checkpoints.check_params(step, params_like)
     params = average([checkpoints.restore(step, state_like).params for step in steps])
   finally:
     checkpoints.close()
@@ -211,11 +216,16 @@ def _write_lines(path: Path, lines: Sequence[str]) -> None:
   tmp.replace(path)
 
 
-def read_lines(path: str | Path) -> list[str]:
-  """A text file's lines, without their newlines; undecodable UTF-8 is a UserError."""
+def read_lines(path: str | Path, flag: str = "") -> list[str]:
+  """A text file's lines, without their newlines; undecodable UTF-8 is a UserError.
+
+  `flag` (e.g. "--src_file") names where the path came from in error messages.
+  """
   path = Path(path)
-  if not path.exists():
-    raise UserError(f"{path} does not exist; pass an existing file.")
+  if not path.exists() or path.is_dir():  # Not is_file(): /dev/stdin is a pipe.
+    given = f"{flag}={path}" if flag else str(path)
+    raise UserError(f"{given} {'is a directory' if path.exists() else 'does not exist'}; pass an"
+                    " existing text file.")
   lines = []
   with open(path, "rb") as f:
     for number, raw in enumerate(f, start=1):
@@ -236,15 +246,16 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     The scores and the path prefix of the written `.hyp` / `.json` files.
   """
   workdir = Path(workdir)
-  translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
-                          batch_size=batch_size)
   if bool(src_file) != bool(ref_file):
     raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
-  if src_file:
-    sources, references = read_lines(src_file), read_lines(ref_file)
+  if src_file:  # Checked before the model loads: a wrong path fails at once.
+    sources, references = read_lines(src_file, "--src_file"), read_lines(ref_file, "--ref_file")
     if len(sources) != len(references):
-      raise UserError(f"{src_file} has {len(sources)} lines but {ref_file} has"
-                      f" {len(references)}; pass aligned files.")
+      raise UserError(f"--src_file={src_file} has {len(sources)} lines but --ref_file={ref_file}"
+                      f" has {len(references)}; pass a reference line for every source line.")
+  translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
+                          batch_size=batch_size)
+  if src_file:
     name = Path(src_file).name
   else:
     text = corpus.read_split(translator.config.data, split)

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
 from seq2seq import evaluate
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -166,19 +166,6 @@ class MetricsWriter:
       self.tensorboard.close()
 
 
-def _check_workdir_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a run whose model or data differ from `config`."""
-  path = workdir / "config.json"
-  if path.exists():
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    for section in ("model", "data"):
-      for key, value in config[section].to_dict().items():
-        if saved.get(section, {}).get(key, value) != value:
-          raise UserError(
-              f"{workdir} holds a run with config.{section}.{key}="
-              f"{saved[section][key]!r}, not {value!r}; use a new --workdir or the run's config.")
-
-
 def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
   """Trains the run's SentencePiece model once (process 0), then every process loads it."""
   if jax.process_index() == 0:
@@ -309,7 +296,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   """
   config_lib.validate(config)
   workdir = Path(workdir)
-  _check_workdir_config(workdir, config)
+  check_run_config(workdir, config)
   num_steps = config.train.num_steps
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   latest = checkpoints.latest_step()
@@ -323,9 +310,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config_lib.to_json(config), encoding="utf-8")
   trainer = Trainer(config, workdir)
   restored, state = checkpoints.restore_latest_good(trainer.new_state())
+  if jax.process_index() == 0:
+    save_run_config(workdir, config)  # Only once the run fits its workdir.
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
