@@ -1,11 +1,19 @@
-"""The training command as a user runs it: overrides, the finished-run report, errors."""
+"""The training command as a user runs it: overrides, the finished-run report, errors, and
+being killed (SIGKILL) or stopped (SIGTERM) at a random step and resumed."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
 
 from seq2seq.checkpoint import Checkpoints
 from tests.conftest import ROOT
@@ -16,16 +24,24 @@ FAST = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
         "--config.eval.max_decode_len_b=0"]
 
 
+def train_command(workdir, *overrides) -> list[str]:
+  return [sys.executable, str(ROOT / "scripts" / "train.py"),
+          f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST, *overrides]
+
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
 def train(workdir, *overrides):
-  cmd = [sys.executable, str(ROOT / "scripts" / "train.py"),
-         f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST, *overrides]
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
-  return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+  return subprocess.run(train_command(workdir, *overrides), capture_output=True, text=True,
+                        env=ENV, timeout=300)
 
 
-def snapshot(workdir):
-  return {str(p.relative_to(workdir)): (p.stat().st_size, p.stat().st_mtime_ns)
-          for p in sorted(workdir.rglob("*")) if p.is_file()}
+def snapshot(directory) -> dict:
+  """Every file under `directory`: its bytes and modification time."""
+  directory = Path(directory)
+  return {str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
+          for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_override_reaches_model_and_finished_run_is_not_retrained(tmp_path):
@@ -59,12 +75,9 @@ def test_bad_value_is_one_line_error(tmp_path):
 
 def test_sigterm_saves_a_checkpoint_at_the_current_step_and_exits_cleanly(tmp_path):
   workdir = tmp_path / "run"
-  cmd = [sys.executable, str(ROOT / "scripts" / "train.py"),
-         f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST,
-         "--config.train.num_steps=100000", "--config.train.log_every_steps=1",
-         "--config.eval.every_steps=100000"]
-  process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  cmd = train_command(workdir, "--config.train.num_steps=100000",
+                      "--config.train.log_every_steps=1", "--config.eval.every_steps=100000")
+  process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=ENV)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 240
   while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -73,7 +86,80 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step_and_exits_cleanly(tmp_pa
   process.send_signal(signal.SIGTERM)
   _, stderr = process.communicate(timeout=120)
   assert process.returncode == 0, stderr[-3000:]
-  logged = len(metrics.read_text().splitlines())
   (step,) = Checkpoints(workdir, keep=2).all_steps()
-  assert logged <= step < 100000  # the step it was at when the signal arrived
+  # The step it was in when the signal arrived: the last one trained, none after it.
+  assert step == logged_steps(workdir)[-1] < 100000
   assert f"Received SIGTERM: saved a checkpoint at step {step}" in stderr
+
+
+# Checkpoints every 3 steps, metrics every step: a run the tests can interrupt anywhere.
+RESUMABLE = ["--config.train.num_steps=24", "--config.eval.every_steps=3",
+             "--config.train.log_every_steps=1"]
+
+
+def logged_steps(workdir) -> list[int]:
+  metrics = Path(workdir) / "metrics.jsonl"
+  if not metrics.exists():
+    return []
+  lines = metrics.read_text().splitlines()
+  # A line being written when the process died may be cut short: only whole records count.
+  return [json.loads(line)["step"] for line in lines if line.endswith("}")
+          and json.loads(line)["split"] == "train"]
+
+
+def saved_state(workdir, step: int) -> list[np.ndarray]:
+  """Every array of the train state saved at `step` (parameters, Adam moments, step)."""
+  tree = ocp.StandardCheckpointHandler().restore(Path(workdir) / "checkpoints" / str(step) /
+                                                 "default")
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def interrupt(workdir, sig: signal.Signals, at_least: int) -> tuple[int, str]:
+  """Starts training, sends `sig` once step `at_least` is logged; returns (returncode, stderr)."""
+  process = subprocess.Popen(train_command(workdir, *RESUMABLE), stderr=subprocess.PIPE,
+                             text=True, env=ENV)
+  deadline = time.time() + 240
+  while not (steps := logged_steps(workdir)) or steps[-1] < at_least:
+    assert process.poll() is None and time.time() < deadline, "training did not get there"
+    time.sleep(0.02)
+  process.send_signal(sig)
+  _, stderr = process.communicate(timeout=120)
+  return process.returncode, stderr
+
+
+def latest_checkpoint(workdir) -> int | None:
+  checkpoints = Checkpoints(workdir, keep=2)
+  latest = checkpoints.latest_step()
+  checkpoints.close()
+  return latest
+
+
+@pytest.mark.slow  # Four training processes: about a minute.
+def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
+  """SIGTERM at a random step saves that step; SIGKILL at a later random step loses only
+  what was not checkpointed; resuming to the end gives the uninterrupted run's exact state."""
+  whole = train(tmp_path / "whole", *RESUMABLE)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  rng = random.Random(7)  # Seeded: the same steps every time.
+  workdir = tmp_path / "run"
+
+  returncode, stderr = interrupt(workdir, signal.SIGTERM, rng.randint(2, 8))
+  assert returncode == 0, stderr[-3000:]
+  stopped = logged_steps(workdir)[-1]
+  assert stopped < 24, "SIGTERM must interrupt the run, not find it finished"
+  # The checkpoint is at the step it arrived in: the last trained step, none after it.
+  assert latest_checkpoint(workdir) == stopped
+  assert f"Received SIGTERM: saved a checkpoint at step {stopped} in" in stderr
+
+  returncode, stderr = interrupt(workdir, signal.SIGKILL, rng.randint(stopped + 4, 20))
+  assert returncode == -signal.SIGKILL
+  assert f"Resumed {workdir} at step {stopped}." in stderr
+  assert logged_steps(workdir)[-1] < 24, "SIGKILL must interrupt the run, not find it finished"
+  killed_at = latest_checkpoint(workdir)
+
+  resumed = train(workdir, *RESUMABLE)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resumed {workdir} at step {killed_at}." in resumed.stderr
+  assert not (workdir / "damaged_checkpoints").exists()
+  for a, b in zip(saved_state(tmp_path / "whole", 24), saved_state(workdir, 24), strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b)

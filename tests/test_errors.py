@@ -1,0 +1,293 @@
+"""Every user mistake ends in one line naming the problem and the fix, and changes nothing.
+
+Each case runs a real entry point (the flag parser the scripts use, or the library
+function a script calls) and checks the exact message the command prints after
+`error: `, and that no file of an existing run was touched. A few cases also run
+the scripts themselves, to see the single line and exit status 2.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from seq2seq import cli, evaluate, train
+from seq2seq.data import corpus, tokenizer
+from seq2seq.errors import UserError
+from tests.conftest import ROOT, fast_tiny_config
+from tests.test_cli import ENV, snapshot
+from tests.test_cli import train as train_script
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A tiny trained run (checkpoints at steps 2 and 4) that no failing command may change."""
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 4, 2
+  workdir = tmp_path_factory.mktemp("errors") / "run"
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def foreign_vocab(tmp_path_factory):
+  """A SentencePiece model trained on the run's text, but smaller: not the run's vocabulary."""
+  c = fast_tiny_config()
+  text = corpus.read_split(c.data, "train")
+  prefix = tmp_path_factory.mktemp("foreign") / "spm"
+  tokenizer.train_tokenizer(text.src + text.tgt, prefix, vocab_size=400, seed=1)
+  return prefix.with_suffix(".model")
+
+
+# --- What a case runs: the function behind each command --------------------------------------
+
+
+def flags(*args):
+  """scripts/train.py's flag parsing (cli.parse_flags) of `args`."""
+  cli.parse_flags(["train.py", f"--config={ROOT / 'configs' / 'tiny.py'}", *args])
+
+
+def train_with(workdir, **fields):
+  """scripts/train.py: train_and_evaluate of the tiny config with `section__field=value`."""
+  c = fast_tiny_config()
+  for name, value in fields.items():
+    section, field = name.split("__")
+    c[section][field] = value
+  train.train_and_evaluate(c, workdir)
+
+
+def corpus_dir(tmp, files: dict[str, bytes]):
+  """A local corpus directory holding `files` (name -> bytes), with valid val/test splits."""
+  directory = tmp / "corpus"
+  directory.mkdir()
+  for split in ("val", "test"):
+    for lang in ("en", "de"):
+      (directory / f"{split}.{lang}").write_bytes(b"a b\nc d\n")
+  for name, data in files.items():
+    (directory / name).write_bytes(data)
+  return str(directory)
+
+
+PREPARED = {}  # Workdir copy -> its snapshot once altered: the command must not change it.
+
+
+def copy_run(run, tmp, alter=lambda copy: None):
+  """A copy of the trained run, altered by `alter(copy)` before the command runs."""
+  copy = tmp / "copy"
+  shutil.copytree(run, copy)
+  alter(copy)
+  PREPARED[copy] = snapshot(copy)
+  return copy
+
+
+def edited_config(run, tmp, **model):
+  def edit(copy):
+    saved = json.loads((copy / "config.json").read_text())
+    saved["model"].update(model)
+    (copy / "config.json").write_text(json.dumps(saved))
+  return copy_run(run, tmp, edit)
+
+
+def with_vocab(run, tmp, vocab):
+  return copy_run(run, tmp, lambda copy: shutil.copy(vocab, copy / "vocab" / "spm.model"))
+
+
+def without_vocab(run, tmp):
+  return copy_run(run, tmp, lambda copy: (copy / "vocab" / "spm.model").unlink())
+
+
+def config_only(run, tmp):
+  """A workdir with the run's config.json and nothing else."""
+  shutil.copy(run / "config.json", tmp)
+  return tmp
+
+
+def text_file(tmp, name, data: bytes):
+  path = tmp / name
+  path.write_bytes(data)
+  return str(path)
+
+
+# Each case: (id, what runs given (run, tmp, foreign_vocab), the exact message). In messages,
+# {run} is the trained run, {tmp} the case's own directory.
+CASES = [
+    # Config fields and values, as flags and as values in a config.
+    ("unknown field", lambda r, t, v: flags("--config.model.emb_dimm=64"),
+     "--config.model.emb_dimm is not a config field; did you mean --config.model.emb_dim?"),
+    ("unknown section", lambda r, t, v: flags("--config.modle.emb_dim=64"),
+     "--config.modle.emb_dim is not a config field; did you mean --config.model.emb_dim?"),
+    ("field in the wrong section", lambda r, t, v: flags("--config.model.vocab_size=100"),
+     "--config.model.vocab_size is not a config field; did you mean --config.data.vocab_size?"),
+    ("not a whole number", lambda r, t, v: flags("--config.train.num_steps=1.5"),
+     "--config.train.num_steps=1.5 is not a whole number; pass one such as"
+     " --config.train.num_steps=10000."),
+    ("not a number, value as the next argument",
+     lambda r, t, v: flags("--config.train.learning_rate", "fast"),
+     "--config.train.learning_rate=fast is not a number; pass one such as"
+     " --config.train.learning_rate=0.001."),
+    ("not a bool", lambda r, t, v: flags("--config.model.bridge=maybe"),
+     "--config.model.bridge=maybe is not true or false; pass --config.model.bridge=true or"
+     " --config.model.bridge=false."),
+    ("no such config file",
+     lambda r, t, v: cli.parse_flags(["train.py", "--config=configs/nope.py"]),
+     "--config=configs/nope.py is not a file; pass an experiment config such as"
+     " --config=configs/tiny.py."),
+    ("heads do not divide the width",
+     lambda r, t, v: train_with(t / "new", model__num_heads=3),
+     "config.model.emb_dim=32 is not divisible by config.model.num_heads=3; choose sizes where it"
+     " is."),
+    ("negative size", lambda r, t, v: train_with(t / "new", model__num_encoder_layers=-1),
+     "config.model.num_encoder_layers=-1 must be positive."),
+    ("zero batch", lambda r, t, v: train_with(t / "new", data__tokens_per_batch=0),
+     "config.data.tokens_per_batch=0 must be positive."),
+    ("dropout of 1.5", lambda r, t, v: train_with(t / "new", model__dropout_rate=1.5),
+     "config.model.dropout_rate=1.5 must be in [0, 1)."),
+    ("Adam beta of 1", lambda r, t, v: train_with(t / "new", train__adam_b2=1.0),
+     "config.train.adam_b2=1.0 must be in [0, 1)."),
+    ("negative warmup", lambda r, t, v: train_with(t / "new", train__warmup_steps=-5),
+     "config.train.warmup_steps=-5 must not be negative."),
+    ("unknown split", lambda r, t, v: train_with(t / "new", eval__split="dev"),
+     "config.eval.split='dev' is not a split; use one of: train, val, test."),
+    ("attention not of the family",
+     lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
+     "config.model.attention='linear' is not available for the rnn; use one of: none, dot,"
+     " scaled_dot, general, concat, location."),
+    # Corpus files.
+    ("no corpus directory", lambda r, t, v: train_with(t / "new", data__corpus=str(t / "none")),
+     "config.data.corpus='{tmp}/none' is not \"multi30k\", \"tfds:<name>\" or an existing"
+     " directory; use one of those."),
+    ("missing target file",
+     lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(t, {"train.en": b"a\n"})),
+     "Missing train file {tmp}/corpus/train.de (or train.de.gz); add it or check"
+     " config.data.corpus, src_lang and tgt_lang."),
+    ("misaligned sides", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
+        t, {"train.en": b"a\nb\nc\n", "train.de": b"x\ny\n"})),
+     "{tmp}/corpus/train.en has 3 lines but {tmp}/corpus/train.de has 2; the two sides of a"
+     " parallel corpus must have one line per sentence pair."),
+    ("undecodable text", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
+        t, {"train.en": b"a\nb\nc\n", "train.de": b"x\ny\n\xff z\n"})),
+     "{tmp}/corpus/train.de line 3 is not valid UTF-8; re-encode the file as UTF-8."),
+    ("empty after length filtering", lambda r, t, v: train_with(t / "new", data__max_len=2),
+     "The training corpus is empty after length filtering (config.data.max_len=2); raise"
+     " config.data.max_len."),
+    # Resuming or evaluating a run with something that is not the run's.
+    ("resume with another model", lambda r, t, v: train_with(
+        r, model__family="rnn", model__attention="general", model__num_decoder_layers=2),
+     "{run} holds a run trained with config.model.attention='scaled_dot' (not 'general'),"
+     " config.model.family='transformer' (not 'rnn'), config.model.num_decoder_layers=1 (not 2);"
+     " drop those overrides to resume it, or pass a new --workdir."),
+    ("resume with other data", lambda r, t, v: train_with(r, data__vocab_size=300),
+     "{run} holds a run trained with config.data.vocab_size=500 (not 300); drop those overrides"
+     " to resume it, or pass a new --workdir."),
+    ("resume with an edited config.json", lambda r, t, v: train_with(
+        edited_config(r, t, emb_dim=48, num_heads=3), model__emb_dim=48, model__num_heads=3),
+     "The checkpoint at step 4 in {tmp}/copy does not fit the model of its config.json"
+     " (decoder_layers.0.cross_attention.key.kernel is of shape (32, 32) in the checkpoint but of"
+     " shape (48, 48) in the model, and 32 more parameters differ); was config.json edited? Put"
+     " back the run's config.json or train in a new --workdir."),
+    ("evaluate with an edited config.json",
+     lambda r, t, v: evaluate.run_evaluation(edited_config(r, t, num_encoder_layers=2)),
+     "The checkpoint at step 4 in {tmp}/copy does not fit the model of its config.json"
+     " (encoder_layers.1.mlp.wi.bias is missing in the checkpoint but of shape (64,) in the"
+     " model, and 11 more parameters differ); was config.json edited? Put back the run's"
+     " config.json or train in a new --workdir."),
+    ("resume with another vocabulary", lambda r, t, v: train_with(with_vocab(r, t, v)),
+     "{tmp}/copy/vocab/spm.model has 400 subwords but the checkpoint at step 4 was trained with"
+     " 500 (src_embed.embedding): the vocabulary is not this run's; put back the run's vocab/ or"
+     " train in a new --workdir."),
+    ("translate with another vocabulary",
+     lambda r, t, v: evaluate.Translator(with_vocab(r, t, v), "latest"),
+     "{tmp}/copy/vocab/spm.model has 400 subwords but the checkpoint at step 4 was trained with"
+     " 500 (src_embed.embedding): the vocabulary is not this run's; put back the run's vocab/ or"
+     " train in a new --workdir."),
+    ("vocabulary missing", lambda r, t, v: evaluate.Translator(without_vocab(r, t)),
+     "{tmp}/copy/vocab/spm.model is missing: the run's checkpoints only work with the vocabulary"
+     " they were trained with; put it back from a copy of the run."),
+    # Checkpoints.
+    ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
+     "{tmp} is not a training run (no config.json); pass the --workdir that scripts/train.py"
+     " wrote."),
+    ("run without checkpoints", lambda r, t, v: evaluate.run_evaluation(config_only(r, t)),
+     "{tmp}/checkpoints holds no checkpoint; train the run first."),
+    ("no such step", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="12345"),
+     "--checkpoint=12345 names no checkpoint of {run}/checkpoints; use latest, best, avg:N or one"
+     " of the steps 2, 4."),
+    ("too few to average", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:5"),
+     "--checkpoint=avg:5 averages 5 checkpoints but {run}/checkpoints holds 2 (steps 2, 4); use"
+     " --checkpoint=avg:2 or fewer."),
+    # Files given to evaluate.py / translate.py.
+    ("missing --src_file", lambda r, t, v: evaluate.run_evaluation(
+        r, src_file=str(t / "test.en"), ref_file=text_file(t, "test.de", b"x\n")),
+     "--src_file={tmp}/test.en does not exist; pass an existing text file."),
+    ("--ref_file of another length", lambda r, t, v: evaluate.run_evaluation(
+        r, src_file=text_file(t, "test.en", b"a\nb\n"), ref_file=text_file(t, "test.de", b"x\n")),
+     "--src_file={tmp}/test.en has 2 lines but --ref_file={tmp}/test.de has 1; pass a reference"
+     " line for every source line."),
+    ("--src_file without --ref_file", lambda r, t, v: evaluate.run_evaluation(
+        r, src_file=text_file(t, "test.en", b"a\n")),
+     "Pass both --src_file and --ref_file, or neither (to use --split)."),
+    ("undecodable --input", lambda r, t, v: evaluate.read_lines(
+        text_file(t, "in.en", b"ok\n\xe4 latin-1\n"), "--input"),
+     "{tmp}/in.en line 2 is not UTF-8 (invalid continuation byte); convert the file to UTF-8."),
+    ("--nbest above --beam_size",
+     lambda r, t, v: evaluate.Translator(r, "latest", beam_size=2, nbest=3),
+     "--nbest=3 must be between 1 and --beam_size=2."),
+]
+
+
+@pytest.mark.parametrize("case,expected", [(c[1], c[2]) for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_user_error_is_one_exact_line_and_changes_nothing(run, foreign_vocab, tmp_path, capsys,
+                                                          case, expected):
+  before = snapshot(run)
+  with pytest.raises((UserError, SystemExit)) as raised:
+    case(run, tmp_path, foreign_vocab)
+  if raised.type is SystemExit:  # The flag parser prints the line itself, as the CLI does.
+    assert raised.value.code == 2
+    printed = capsys.readouterr().err
+  else:
+    printed = f"error: {raised.value}\n"  # What cli.run_main prints.
+  assert printed == "error: " + expected.format(run=run, tmp=tmp_path) + "\n"
+  assert snapshot(run) == before
+  copy = tmp_path / "copy"
+  if copy.exists():  # Checkpoints are never mistaken for damaged ones and moved.
+    assert snapshot(copy) == PREPARED.pop(copy)
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir())
+
+
+def test_there_are_at_least_twenty_cases():
+  assert len(CASES) >= 20 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("script,args,expected", [
+    ("train.py", ["--config.model.atention=dot"],
+     "--config.model.atention is not a config field; did you mean --config.model.attention?"),
+    ("evaluate.py", ["--checkpoint=avg:3"],
+     "--checkpoint=avg:3 averages 3 checkpoints but {run}/checkpoints holds 2 (steps 2, 4); use"
+     " --checkpoint=avg:2 or fewer."),
+])
+def test_the_command_prints_one_line_and_exits_with_status_2(run, script, args, expected):
+  before = snapshot(run)
+  if script == "train.py":
+    result = train_script(run, *args)
+  else:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), f"--workdir={run}",
+                             *args], capture_output=True, text=True, env=ENV, timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == ["error: " + expected.format(run=run)]
+  assert snapshot(run) == before
+
+
+def test_no_pickle_anywhere():
+  """Loading a checkpoint, vocabulary or config never runs code from the file."""
+  unsafe = re.compile(r"\bimport (c?pickle|dill|shelve|marshal)\b|\bfrom (c?pickle|dill|shelve)\b"
+                      r"|allow_pickle\s*=\s*True|\btorch\.load\(|\byaml\.(unsafe_)?load\(")
+  sources = sorted((ROOT / "seq2seq").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+  assert len(sources) > 20
+  found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in sources
+           for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+           if unsafe.search(line)]
+  assert not found, found
