@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.tokens_per_batch = 4096  # Token budget of one global training batch (padded).
   d.bucket_step = 8  # Padded lengths are multiples of this: few shapes to compile.
   d.max_train_examples = 0  # Use only the first N training pairs (0 = all).
+  d.pack = False  # Pack several training pairs per row (Transformer only; one shape, less PAD).
 
   c.train = t = ml_collections.ConfigDict()
   t.num_steps = 10_000  # Optimizer steps in the whole run.
@@ -72,6 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
   t.label_smoothing = 0.1  # Label smoothing of the cross-entropy.
   t.dtype = "float32"  # Computation dtype ("bfloat16": mixed precision); parameters stay fp32.
   t.grad_accum_steps = 1  # Split each batch into k micro-batches; one update from their sum.
+  t.fsdp = 1  # Shard parameters and optimizer state over this many devices (1 = replicate).
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
 
   c.eval = e = ml_collections.ConfigDict()
@@ -86,6 +88,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = k = ml_collections.ConfigDict()
   k.keep = 3  # Keep the latest N checkpoints (the best by validation BLEU is kept too).
+  k.every_steps = 0  # Also checkpoint every N steps between evaluations (0 = only at them).
+
+  c.distributed = g = ml_collections.ConfigDict()  # Multi-host: jax.distributed.initialize.
+  g.num_processes = 1  # Processes in the run; 1 = single process; 0 = from the cluster env.
+  g.coordinator_address = ""  # "host:port" of process 0 ("" = JAX_COORDINATOR_ADDRESS/cluster).
+  g.process_id = -1  # This process's index (-1 = from the environment).
   return c
 
 

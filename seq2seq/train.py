@@ -2,15 +2,18 @@
 
 `train_and_evaluate(config, workdir)` creates or resumes the run in `workdir`.
 The model crosses the jit boundary as `nnx.split` state; step functions are
-pure, jitted once per batch shape over a device mesh with a `data` axis, and
-the train state is donated. Batches and dropout keys are functions of the
-step, so a resumed run sees exactly what the uninterrupted run would have.
+pure, jitted once per batch shape over a device mesh with `data` and `fsdp`
+axes, and the train state is donated. Batches and dropout keys are functions of
+the step, so a resumed run sees exactly what the uninterrupted run would have.
+Across hosts (`config.distributed`), every process runs this same program on
+its own rows of each global batch; only process 0 writes logs and metrics.
 """
 
 import functools
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -86,6 +89,12 @@ def cross_entropy(logits, targets, label_smoothing: float):
           "tokens": jnp.sum(weights)}
 
 
+def _packing(batch: dict, side: str) -> dict:
+  """The segment ids and positions of a packed batch's `side` ("src" or "tgt"), if any."""
+  return {name: batch[f"{side}_{name}"] for name in ("segments", "positions")
+          if f"{side}_{name}" in batch}
+
+
 def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
                label_smoothing: float, accum_steps: int = 1):
   """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`.
@@ -102,8 +111,9 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
     def loss_fn(params):
       model = nnx.merge(graphdef, params)
       rngs = nnx.Rngs(dropout=key)
-      memory = model.encode(micro_batch["src"], rngs=rngs)
-      logits = model.decode(memory, micro_batch["tgt_in"], rngs=rngs)
+      memory = model.encode(micro_batch["src"], **_packing(micro_batch, "src"), rngs=rngs)
+      logits = model.decode(memory, micro_batch["tgt_in"], **_packing(micro_batch, "tgt"),
+                            rngs=rngs)
       sums = cross_entropy(logits, micro_batch["tgt_out"], label_smoothing)
       return sums["loss"], sums
 
@@ -136,8 +146,44 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
 def eval_step(params, batch, *, graphdef):
   """Summed NLL and token count of a batch, without dropout or smoothing."""
   model = nnx.merge(graphdef, params)
-  logits = model.decode(model.encode(batch["src"]), batch["tgt_in"])
+  memory = model.encode(batch["src"], **_packing(batch, "src"))
+  logits = model.decode(memory, batch["tgt_in"], **_packing(batch, "tgt"))
   return cross_entropy(logits, batch["tgt_out"], 0.0)
+
+
+def initialize_distributed(d: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run (`config.distributed`) before JAX touches any device.
+
+  With `num_processes == 1` (the default) and no JAX_COORDINATOR_ADDRESS in the
+  environment this does nothing. Otherwise every process calls
+  `jax.distributed.initialize`; fields left empty (address "", process_id -1,
+  num_processes 0) come from the environment: JAX_COORDINATOR_ADDRESS or the
+  Slurm / Open MPI / Cloud TPU / Kubernetes detection of `jax.distributed`.
+  """
+  if jax.distributed.is_initialized():
+    return
+  if d.num_processes == 1 and not d.coordinator_address and not os.environ.get(
+      "JAX_COORDINATOR_ADDRESS"):
+    return
+  jax.distributed.initialize(coordinator_address=d.coordinator_address or None,
+                             num_processes=d.num_processes or None,
+                             process_id=None if d.process_id < 0 else d.process_id)
+
+
+def fsdp_sharding(mesh: jax.sharding.Mesh, x) -> NamedSharding:
+  """Where one leaf of the train state lives on a mesh with an `fsdp` axis.
+
+  A matrix (or larger) is split along its largest dimension that the `fsdp`
+  axis divides; XLA gathers it for the forward/backward pass and scatters the
+  gradient (ZeRO-3 / FSDP). Scalars, biases and norms stay replicated.
+  """
+  shards = mesh.shape["fsdp"]
+  dims = [i for i in range(x.ndim) if x.shape[i] % shards == 0]
+  if shards == 1 or x.ndim < 2 or not dims:
+    return NamedSharding(mesh, P())
+  spec = [None] * x.ndim
+  spec[max(dims, key=lambda i: x.shape[i])] = "fsdp"
+  return NamedSharding(mesh, P(*spec))
 
 
 class MetricsWriter:
@@ -189,17 +235,22 @@ class Trainer:
       self.val_text = corpus.ParallelText(self.val_text.src[:n], self.val_text.tgt[:n])
     self.tokenizer = _load_tokenizer(workdir, train_text, config)
 
-    # Auto axes: XLA propagates the batch sharding and inserts the gradient all-reduce.
-    self.mesh = jax.make_mesh((jax.device_count(),), ("data",),
-                              axis_types=(jax.sharding.AxisType.Auto,))
+    fsdp = config.train.fsdp
+    if fsdp < 1 or jax.device_count() % fsdp:
+      raise UserError(f"config.train.fsdp={fsdp} does not divide the {jax.device_count()}"
+                      " devices; use a divisor of the device count (1 = no sharding).")
+    # Batches are split over both axes; parameters only over `fsdp`. Auto axes: XLA
+    # propagates the shardings and inserts the all-reduces / all-gathers.
+    self.mesh = jax.make_mesh((jax.device_count() // fsdp, fsdp), ("data", "fsdp"),
+                              axis_types=(jax.sharding.AxisType.Auto,) * 2)
     self.replicated = NamedSharding(self.mesh, P())
-    self.data_sharding = NamedSharding(self.mesh, P("data"))
+    self.data_sharding = NamedSharding(self.mesh, P(("data", "fsdp")))
     src, tgt = batching.encode_pairs(self.tokenizer, train_text)
     self.train_batches = batching.TrainBatches(
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
         bucket_step=d.bucket_step, seed=config.train.seed,
         row_multiple=jax.device_count() * config.train.grad_accum_steps,
-        process_index=jax.process_index(), process_count=jax.process_count())
+        process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack)
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
@@ -208,23 +259,36 @@ class Trainer:
         val_src, val_tgt, batch_size=config.eval.batch_size, bucket_step=d.bucket_step,
         max_len=config.model.max_len)
 
-    model = build_model(config, self.tokenizer.vocab_size)
-    self.graphdef, params = nnx.split(model, nnx.Param)
-    self.num_params = sum(x.size for x in jax.tree.leaves(params))
     self.optimizer = make_optimizer(config.train)
-    self.params_init = params
-    self.dropout_key = jax.device_put(jax.random.key(config.train.seed), self.replicated)
+    vocab_size = self.tokenizer.vocab_size
 
-    self.init_state = jax.jit(functools.partial(new_train_state, optimizer=self.optimizer),
-                              out_shardings=self.replicated)
+    def init() -> TrainState:
+      return new_train_state(nnx.split(build_model(config, vocab_size), nnx.Param)[1],
+                             self.optimizer)
+
+    # Initialized inside jit, straight into its shardings: every process computes the
+    # same values, and no host ever holds an unsharded copy.
+    abstract = jax.eval_shape(init)
+    self.graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(config, vocab_size)),
+                                 nnx.Param)
+    state_sharding = jax.tree.map(functools.partial(fsdp_sharding, self.mesh), abstract)
+    params_sharding = state_sharding.params
+    self.num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+    self.num_sharded_params = sum(
+        x.size for x, sharding in zip(jax.tree.leaves(abstract.params),
+                                      jax.tree.leaves(params_sharding), strict=True)
+        if sharding.spec != P())
+    self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
+                               out_shardings=self.replicated)()
+    self.init_state = jax.jit(init, out_shardings=state_sharding)
     self.train_step = jax.jit(
         functools.partial(train_step, graphdef=self.graphdef, optimizer=self.optimizer,
                           label_smoothing=config.train.label_smoothing,
                           accum_steps=config.train.grad_accum_steps),
-        in_shardings=(self.replicated, self.data_sharding, self.replicated),
-        out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+        in_shardings=(state_sharding, self.data_sharding, self.replicated),
+        out_shardings=(state_sharding, self.replicated), donate_argnums=0)
     self.eval_step = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
-                             in_shardings=(self.replicated, self.data_sharding),
+                             in_shardings=(params_sharding, self.data_sharding),
                              out_shardings=self.replicated)
     e = config.eval
     self.translate_step = jax.jit(
@@ -232,10 +296,10 @@ class Trainer:
                           max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
                           max_len_limit=config.model.max_len, beam_size=e.beam_size,
                           alpha=e.alpha),
-        in_shardings=(self.replicated, self.data_sharding), out_shardings=self.data_sharding)
+        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.data_sharding)
 
   def new_state(self) -> TrainState:
-    return self.init_state(self.params_init)
+    return self.init_state()
 
   def to_device(self, local_batch: dict) -> dict:
     """Process-local numpy rows -> global arrays sharded along the `data` axis."""
@@ -295,6 +359,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     was already complete.
   """
   config_lib.validate(config)
+  if config.data.pack and config.model.family != "transformer":
+    raise UserError(f"config.data.pack=True packs several sentences per row, which only the"
+                    f" Transformer can separate; the {config.model.family} family needs"
+                    " --config.data.pack=False.")
+  if config.data.pack and config.model.attention == "linear":
+    raise UserError("config.data.pack=True needs attention that can be masked per sentence;"
+                    " `linear` cannot: use another config.model.attention or pack=False.")
+  initialize_distributed(config.distributed)  # Before anything touches a device.
+  if jax.process_index() != 0:
+    log.setLevel(logging.WARNING)  # Process 0 reports for the run.
   workdir = Path(workdir)
   check_run_config(workdir, config)
   num_steps = config.train.num_steps
@@ -321,6 +395,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
            " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
            trainer.train_batches.num_examples, trainer.train_batches.num_dropped,
            trainer.train_batches.batches_per_epoch, jax.device_count())
+  if config.train.fsdp > 1:
+    log.info("FSDP: %.0f%% of the parameters (every matrix) and their optimizer state are split"
+             " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
+             config.train.fsdp)
 
   writer = MetricsWriter(workdir)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
@@ -345,7 +423,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         record = {"loss": train_loss, "nll": summed["nll"] / max(summed["tokens"], 1.0),
                   "grad_norm": summed["grad_norm"] / len(pending),
                   "learning_rate": float(learning_rate_schedule(config.train)(step)),
-                  "tokens_per_sec": summed["tokens"] / elapsed}
+                  "tokens_per_sec": summed["tokens"] / elapsed,
+                  "tokens_per_step": summed["tokens"] / len(pending)}  # Real target tokens.
         writer.write(done, "train", record)
         progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
         progress.update(done - progress.n)
@@ -356,9 +435,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         writer.write(done, config.eval.split, last_eval)
         checkpoints.save(done, state, metrics={"bleu": last_eval["bleu"],
                                                 "loss": last_eval["loss"]})
-        progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
-                       f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
+        if writer.enabled:  # tqdm.write prints even where the bar is disabled.
+          progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
+                         f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
         interval_start = time.perf_counter()  # Evaluation time is not training throughput.
+      elif config.checkpoint.every_steps and done % config.checkpoint.every_steps == 0:
+        checkpoints.save(done, state)  # Kept by LatestN only: e.g. for --checkpoint=avg:N.
       if stop.received and done < num_steps:
         if checkpoints.latest_step() != done:
           checkpoints.save(done, state)

@@ -1,4 +1,5 @@
-"""Data parallelism: training on several devices equals one device with the same global batch."""
+"""Data parallelism and FSDP: training on several devices equals one device with the same
+global batch."""
 
 import json
 import os
@@ -20,17 +21,31 @@ OVERRIDES = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
              "--config.train.log_every_steps=1"]
 
 
-def train_on(devices: int, workdir):
-  env = dict(os.environ, PYTHONPATH=str(ROOT),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "train.py"),
-       f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *OVERRIDES],
-      capture_output=True, text=True, env=env, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f"devices: {devices}." in result.stderr
+def train_command(workdir, *overrides: str) -> list[str]:
+  """scripts/train.py on configs/tiny.py with OVERRIDES, then `overrides`."""
+  return [sys.executable, str(ROOT / "scripts" / "train.py"),
+          f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *OVERRIDES,
+          *overrides]
+
+
+def device_env(devices: int) -> dict:
+  """The environment of a process with `devices` (forced) CPU devices."""
+  return dict(os.environ, PYTHONPATH=str(ROOT),
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+def train_losses(workdir) -> list[float]:
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def train_on(devices: int, workdir, *overrides: str, expect: str = ""):
+  """Trains in a subprocess; returns the logged training losses. `expect`: a log excerpt."""
+  result = subprocess.run(train_command(workdir, *overrides), capture_output=True, text=True,
+                          env=device_env(devices), timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"devices: {devices}." in result.stderr and expect in result.stderr
+  return train_losses(workdir)
 
 
 @pytest.mark.slow  # two training processes
@@ -39,3 +54,13 @@ def test_four_devices_give_the_losses_of_one(tmp_path):
   four = train_on(4, tmp_path / "four")
   assert len(one) == 4
   np.testing.assert_allclose(four, one, rtol=2e-5)
+
+
+@pytest.mark.slow  # two training processes
+def test_fsdp_sharded_parameters_give_the_losses_of_replicated_ones(tmp_path):
+  """4 devices as a 2 (data) x 2 (fsdp) mesh: matrices and their Adam moments are split in
+  two, yet training is the replicated one-device run."""
+  one = train_on(1, tmp_path / "one")
+  sharded = train_on(4, tmp_path / "fsdp", "--config.train.fsdp=2", expect="split over 2")
+  assert len(one) == 4
+  np.testing.assert_allclose(sharded, one, rtol=2e-5)

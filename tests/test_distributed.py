@@ -1,0 +1,42 @@
+"""Multi-host training: two processes on localhost equal one process with the same global batch."""
+
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.test_devices import device_env, train_command, train_losses, train_on
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow  # three training processes
+def test_two_processes_give_the_losses_of_one(tmp_path):
+  one = train_on(1, tmp_path / "one")
+  workdir, address = tmp_path / "two", f"localhost:{free_port()}"
+  # One CPU device each: the global batch is split over two processes and jax.distributed
+  # (gloo collectives on CPU) all-reduces the gradients.
+  processes = [subprocess.Popen(
+      train_command(workdir, f"--config.distributed.coordinator_address={address}",
+                    "--config.distributed.num_processes=2",
+                    f"--config.distributed.process_id={i}"),
+      env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=300) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  for p, (_, stderr) in zip(processes, outputs, strict=True):
+    assert p.returncode == 0, stderr[-3000:]
+  assert "devices: 2." in outputs[0][1] and "BLEU" in outputs[0][0]
+  assert "devices:" not in outputs[1][1] and "BLEU" not in outputs[1][0]  # Only process 0 logs ...
+  two = train_losses(workdir)  # ... and writes metrics (once, not twice).
+  assert len(one) == 4
+  np.testing.assert_allclose(two, one, rtol=2e-5)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
