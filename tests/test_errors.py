@@ -170,6 +170,10 @@ CASES = [
     ("undecodable text", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
         t, {"train.en": b"a\nb\nc\n", "train.de": b"x\ny\n\xff z\n"})),
      "{tmp}/corpus/train.de line 3 is not valid UTF-8; re-encode the file as UTF-8."),
+    ("empty split", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
+        t, {"train.en": b"a\n", "train.de": b"x\n", "val.en": b"", "val.de": b""})),
+     "{tmp}/corpus/val.en and {tmp}/corpus/val.de are empty; the val split needs sentence pairs,"
+     " one per line."),
     ("empty after length filtering", lambda r, t, v: train_with(t / "new", data__max_len=2),
      "The training corpus is empty after length filtering (config.data.max_len=2); raise"
      " config.data.max_len."),

@@ -85,6 +85,9 @@ def _read_pair(directory: Path, name: str, split: str, src_lang: str,
   if len(src) != len(tgt):
     raise UserError(f"{paths[0]} has {len(src)} lines but {paths[1]} has {len(tgt)}; the two"
                     " sides of a parallel corpus must have one line per sentence pair.")
+  if not src:
+    raise UserError(f"{paths[0]} and {paths[1]} are empty; the {split} split needs sentence"
+                    " pairs, one per line.")
   return ParallelText(src, tgt)
 
 
@@ -146,4 +149,7 @@ def _read_tfds(data_config: ml_collections.ConfigDict, name: str, split: str,
   for example in tfds.as_numpy(dataset):
     src.append(example[data_config.src_lang].decode("utf-8"))
     tgt.append(example[data_config.tgt_lang].decode("utf-8"))
+  if not src:
+    raise UserError(f"The {split} split of TFDS dataset {name} is empty; use a dataset whose"
+                    f" {tfds_split} split has examples.")
   return ParallelText(src, tgt)
