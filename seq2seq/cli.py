@@ -13,6 +13,11 @@ from seq2seq.errors import UserError
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
 
 
+def _one_line(error: Exception) -> str:
+  """The message on one line, whatever a library put in it."""
+  return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too.
 
@@ -35,7 +40,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise
-    print(f"error: {e}", file=sys.stderr)
+    print(f"error: {_one_line(e)}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -54,7 +59,7 @@ def run_main(fn) -> None:
   except UserError as e:
     if flags.FLAGS.verbose:
       raise
-    print(f"error: {e}", file=sys.stderr)
+    print(f"error: {_one_line(e)}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -109,10 +109,9 @@ _TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", 
 def check_override(arg: str, following: str | None = None) -> None:
   """Checks one `--config.<section>.<field>[=value]` flag against the base config.
 
-  `following` is the next command-line argument, the value of `--config.x.y VALUE`.
-
   ml_collections' config_flags would raise a traceback (unknown field) or a
   generic flag error (wrong type); this names the flag and the fix first.
+  `following` is the next command-line argument: the value of `--config.x.y VALUE`.
 
   Raises:
     UserError: the field does not exist (suggesting the closest one), or the

@@ -233,6 +233,8 @@ CASES = [
     ("--src_file without --ref_file", lambda r, t, v: evaluate.run_evaluation(
         r, src_file=text_file(t, "test.en", b"a\n")),
      "Pass both --src_file and --ref_file, or neither (to use --split)."),
+    ("missing --input", lambda r, t, v: evaluate.read_lines(str(t / "in.en"), "--input"),
+     "--input={tmp}/in.en does not exist; pass an existing text file."),
     ("undecodable --input", lambda r, t, v: evaluate.read_lines(
         text_file(t, "in.en", b"ok\n\xe4 latin-1\n"), "--input"),
      "{tmp}/in.en line 2 is not UTF-8 (invalid continuation byte); convert the file to UTF-8."),
