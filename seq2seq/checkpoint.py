@@ -99,7 +99,8 @@ class Checkpoints:
 
     A checkpoint that fails to restore (a truncated or missing file) is moved to
     `<workdir>/damaged_checkpoints/<step>` for inspection, never deleted, and a
-    warning names it and the step used instead.
+    warning names it and the step used instead. One whose parameters do not fit
+    `like.params` (another config or vocabulary) stays where it is: `UserError`.
 
     Returns:
       (step, state), or (None, `like`) when there is no checkpoint.
@@ -107,14 +108,10 @@ class Checkpoints:
     damaged = []
     for step in reversed(self.all_steps()):
       try:
-        self.shapes(step)
-      except Exception as e:  # noqa: BLE001 (unreadable metadata: a damaged checkpoint)
-        damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
-        self._move_aside(step)
-        continue
-      self.check_params(step, like.params)  # A mismatch is the user's to fix, not damage.
-      try:
+        self.check_params(step, like.params)
         state = self.restore(step, like)
+      except UserError:
+        raise  # It does not fit this config or vocabulary: the user's to fix, not damage.
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
         damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
         self._move_aside(step)
