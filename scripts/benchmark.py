@@ -16,6 +16,7 @@ import json
 from absl import app, flags
 
 from seq2seq import benchmark
+from seq2seq.cli import parse_flags
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode.")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
@@ -47,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from seq2seq.cli import run_main
+from seq2seq.cli import parse_flags, run_main
 from seq2seq.compare import compare_runs
 from seq2seq.errors import UserError
 
@@ -40,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -9,7 +9,7 @@ with subword labels on the axes.
 
 from absl import app, flags
 
-from seq2seq.cli import define_run_flags, run_main
+from seq2seq.cli import define_run_flags, parse_flags, run_main
 from seq2seq.evaluate import Translator, alignment
 from seq2seq.plots import attention_heatmaps
 
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

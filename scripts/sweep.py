@@ -13,7 +13,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from seq2seq.cli import run_main
+from seq2seq.cli import parse_flags, run_main
 from seq2seq.sweep import run_sweep
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
