@@ -56,6 +56,17 @@ def test_packed_rows_hold_every_pair_once_with_its_own_positions():
   assert batches.batches_per_epoch < len(src) / 4  # Packing did put several pairs per row.
 
 
+def test_packing_fills_rows():
+  rng = np.random.default_rng(2)
+  src = [np.full(rng.integers(1, 12), 5, np.int32) for _ in range(400)]
+  tgt = [np.full(len(s) + rng.integers(-1, 2) if len(s) > 1 else 1, 6, np.int32) for s in src]
+  batches = batching.TrainBatches(src, tgt, tokens_per_batch=64, max_len=32, bucket_step=8,
+                                  seed=0, pack=True)
+  used = sum(max(len(s), len(t)) + 1 for s, t in zip(src, tgt, strict=True))
+  rows = batches.batches_per_epoch * 2  # 64 tokens / 32 per row; the last batch may be short.
+  assert used / (rows * 32) > 0.95  # Best fit decreasing leaves little room unused.
+
+
 def test_segment_masks_keep_sentences_apart():
   # One row: source sentences of 3 and 2 tokens, target sentences of 2 and 3, then PAD.
   src_seg = jnp.array([[1, 1, 1, 2, 2, 0]])
