@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from seq2seq.evaluate import run_evaluation
 from tests.conftest import ROOT
 
 # 256 tokens at padded length 16 are 16 rows: a multiple of 1 and of 4 devices,
@@ -64,3 +65,9 @@ def test_fsdp_sharded_parameters_give_the_losses_of_replicated_ones(tmp_path):
   sharded = train_on(4, tmp_path / "fsdp", "--config.train.fsdp=2", expect="split over 2")
   assert len(one) == 4
   np.testing.assert_allclose(sharded, one, rtol=2e-5)
+  # The sharded checkpoint restores on one device (evaluation needs no mesh) and
+  # translates like the replicated run's.
+  prefixes = [run_evaluation(tmp_path / name, split="val", checkpoint="latest", beam_size=1,
+                            batch_size=8)[1] for name in ("one", "fsdp")]
+  hypotheses = [prefix.with_suffix(".hyp").read_text(encoding="utf-8") for prefix in prefixes]
+  assert hypotheses[0] == hypotheses[1] and hypotheses[0].strip()
