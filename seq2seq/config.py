@@ -91,7 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
   k.every_steps = 0  # Also checkpoint every N steps between evaluations (0 = only at them).
 
   c.distributed = g = ml_collections.ConfigDict()  # Multi-host: jax.distributed.initialize.
-  g.num_processes = 1  # Processes in the run; 1 = single process; 0 = from the cluster env.
+  g.num_processes = 1  # Processes in the run; 1 = single process; 0 = all from the environment.
   g.coordinator_address = ""  # "host:port" of process 0 ("" = JAX_COORDINATOR_ADDRESS/cluster).
   g.process_id = -1  # This process's index (-1 = from the environment).
   return c

@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -154,16 +153,15 @@ def eval_step(params, batch, *, graphdef):
 def initialize_distributed(d: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run (`config.distributed`) before JAX touches any device.
 
-  With `num_processes == 1` (the default) and no JAX_COORDINATOR_ADDRESS in the
-  environment this does nothing. Otherwise every process calls
-  `jax.distributed.initialize`; fields left empty (address "", process_id -1,
-  num_processes 0) come from the environment: JAX_COORDINATOR_ADDRESS or the
-  Slurm / Open MPI / Cloud TPU / Kubernetes detection of `jax.distributed`.
+  With `num_processes == 1` and no `coordinator_address` (the defaults) this
+  does nothing. Otherwise every process calls `jax.distributed.initialize`;
+  fields left empty (address "", process_id -1, num_processes 0) come from the
+  environment: JAX_COORDINATOR_ADDRESS or the Slurm / Open MPI / Cloud TPU /
+  Kubernetes detection of `jax.distributed`.
   """
   if jax.distributed.is_initialized():
     return
-  if d.num_processes == 1 and not d.coordinator_address and not os.environ.get(
-      "JAX_COORDINATOR_ADDRESS"):
+  if d.num_processes == 1 and not d.coordinator_address:
     return
   jax.distributed.initialize(coordinator_address=d.coordinator_address or None,
                              num_processes=d.num_processes or None,

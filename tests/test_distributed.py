@@ -3,9 +3,12 @@
 import socket
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
+from seq2seq import train
+from seq2seq.config import base_config
 from tests.test_devices import device_env, train_command, train_losses, train_on
 
 
@@ -40,3 +43,18 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
   assert len(one) == 4
   np.testing.assert_allclose(two, one, rtol=2e-5)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+
+
+def test_initialize_only_when_asked(monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+  d = base_config().distributed
+  train.initialize_distributed(d)
+  assert calls == []  # The default: one process, nothing to join.
+  d.num_processes = 0  # Everything from the environment (JAX_COORDINATOR_ADDRESS, Slurm, ...).
+  train.initialize_distributed(d)
+  d.num_processes, d.coordinator_address, d.process_id = 4, "host0:1234", 3
+  train.initialize_distributed(d)
+  assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None},
+                   {"coordinator_address": "host0:1234", "num_processes": 4, "process_id": 3}]
