@@ -20,7 +20,7 @@ from sacrebleu.significance import PairedTest
 from seq2seq import config as config_lib
 from seq2seq import plots
 from seq2seq.errors import UserError
-from seq2seq.evaluate import Translator, alignment, read_lines, run_evaluation
+from seq2seq.evaluate import Translator, alignment, output_files, read_lines, run_evaluation
 
 COLUMNS = ["run", "family", "attention", "seed", "parameters", "steps", "train_minutes",
            "tokens_per_sec", "val_bleu", "val_chrf", "test_bleu", "test_chrf", "test_bleu_ci95",
@@ -29,12 +29,10 @@ COLUMNS = ["run", "family", "attention", "seed", "parameters", "steps", "train_m
 
 def _evaluation(workdir: Path, split: str, beam_size: int, alpha: float) -> tuple[dict, list]:
   """The run's scores on `split` (best checkpoint) and its hypotheses, computed once."""
-  prefix = workdir / "eval" / f"{split}.best.beam{beam_size}"
-  json_path = prefix.with_suffix(".json")
-  if not (json_path.exists() and prefix.with_suffix(".hyp").exists()):
+  hyp_path, json_path = output_files(workdir / "eval" / f"{split}.best.beam{beam_size}")
+  if not (json_path.exists() and hyp_path.exists()):
     run_evaluation(workdir, split=split, checkpoint="best", beam_size=beam_size, alpha=alpha)
-  return (json.loads(json_path.read_text(encoding="utf-8")),
-          read_lines(prefix.with_suffix(".hyp")))
+  return json.loads(json_path.read_text(encoding="utf-8")), read_lines(hyp_path)
 
 
 def _training_record(workdir: Path) -> dict:

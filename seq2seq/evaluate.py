@@ -187,6 +187,11 @@ def _restore_params(workdir: Path, spec: str, config, params_like):
   return steps, params
 
 
+def output_files(prefix: Path) -> tuple[Path, Path]:
+  """The hypotheses and scores files of an evaluation: `<prefix>.hyp`, `<prefix>.json`."""
+  return Path(f"{prefix}.hyp"), Path(f"{prefix}.json")
+
+
 def evaluate_split(translator: Translator, sources: Sequence[str], references: Sequence[str],
                    out_prefix: Path) -> dict:
   """Translates, scores, and writes `<out_prefix>.hyp` and `<out_prefix>.json`."""
@@ -200,10 +205,11 @@ def evaluate_split(translator: Translator, sources: Sequence[str], references: S
       "sentences_per_second": len(sources) / seconds,
   }
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
-  _write_lines(out_prefix.with_suffix(".hyp"), hypotheses)
-  tmp = out_prefix.with_suffix(".json.tmp")
+  hyp_path, json_path = output_files(out_prefix)
+  _write_lines(hyp_path, hypotheses)
+  tmp = json_path.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-  tmp.replace(out_prefix.with_suffix(".json"))
+  tmp.replace(json_path)
   return result
 
 

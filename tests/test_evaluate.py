@@ -59,14 +59,15 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   result = script("evaluate.py", f"--workdir={run}", f"--src_file={src}", f"--ref_file={ref}",
                   "--beam_size=3", "--checkpoint=latest")
   assert result.returncode == 0, result.stderr.decode()[-3000:]
-  prefix = run / "eval" / "src.en.latest.beam3"
-  scores = json.loads(prefix.with_suffix(".json").read_text())
-  assert len(prefix.with_suffix(".hyp").read_text(encoding="utf-8").splitlines()) == 3
+  hyp = run / "eval" / "src.en.latest.beam3.hyp"  # the names scripts/evaluate.py documents
+  json_file = run / "eval" / "src.en.latest.beam3.json"
+  scores = json.loads(json_file.read_text())
+  assert len(hyp.read_text(encoding="utf-8").splitlines()) == 3
   for key in ("bleu", "bleu_lowercase", "chrf", "ter"):
     assert key in scores and f"{key}_signature" in scores
   assert scores["checkpoint_steps"] == [4]
   cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i",
-                        str(prefix.with_suffix(".hyp")), "-m", "bleu", "chrf", "-b", "-w", "4"],
+                        str(hyp), "-m", "bleu", "chrf", "-b", "-w", "4"],
                        capture_output=True, text=True, check=True)
   bleu, chrf = json.loads(cli.stdout)  # with two metrics, -b prints a JSON list
   assert bleu == round(scores["bleu"], 4) and chrf == round(scores["chrf"], 4)
