@@ -113,6 +113,7 @@ class Translator:
                       " vocabulary they were trained with; put it back from a copy of the run.")
     self.tokenizer = Tokenizer.load(workdir / VOCAB)
     self.batch_size, self.nbest = batch_size, nbest
+    self.beam_size, self.alpha = beam_size, alpha
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.steps, self.params = _restore_params(workdir, checkpoint, self.config, params)
@@ -201,7 +202,8 @@ def evaluate_split(translator: Translator, sources: Sequence[str], references: S
   result = {
       **scores(hypotheses, references),
       "sentences": len(sources), "checkpoint": translator.checkpoint,
-      "checkpoint_steps": translator.steps, "decode_seconds": seconds,
+      "checkpoint_steps": translator.steps, "beam_size": translator.beam_size,
+      "alpha": translator.alpha, "decode_seconds": seconds,
       "sentences_per_second": len(sources) / seconds,
   }
   out_prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   assert len(hyp.read_text(encoding="utf-8").splitlines()) == 3
   for key in ("bleu", "bleu_lowercase", "chrf", "ter"):
     assert key in scores and f"{key}_signature" in scores
-  assert scores["checkpoint_steps"] == [4]
+  assert scores["checkpoint_steps"] == [4] and scores["beam_size"] == 3
   cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i",
                         str(hyp), "-m", "bleu", "chrf", "-b", "-w", "4"],
                        capture_output=True, text=True, check=True)
