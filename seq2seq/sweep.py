@@ -71,15 +71,20 @@ def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
   return latest is not None and latest >= config.train.num_steps
 
 
-def _train(config_json: str, workdir: str) -> None:
-  from seq2seq.train import train_and_evaluate  # In a fresh process when run in parallel.
+def _train(config_json: str, workdir: str) -> str | None:
+  """Trains one run; returns how it was stopped early (e.g. "stopped by SIGTERM at step 7")."""
+  from seq2seq import train  # In a fresh process when run in parallel.
 
-  train_and_evaluate(config_lib.from_json(config_json), workdir)
+  result = train.train_and_evaluate(config_lib.from_json(config_json), workdir)
+  if result.get("interrupted"):
+    return f"stopped by {result['interrupted']} at step {result['step']}"
+  return None
 
 
 def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | Path,
               parallel: int = 1) -> dict[str, str]:
-  """Trains every combination; returns run name -> "trained", "skipped" or "failed: ..."."""
+  """Trains every combination; returns run name -> "trained", "skipped", "failed: ...",
+  "stopped by SIGTERM at step N" or "not started" (after a stop)."""
   root = Path(root)
   runs = expand(config, specs)
   for _, run in runs:
@@ -93,23 +98,33 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
   log.info("Sweep of %d runs in %s: %d finished, %d to train.", len(runs), root,
            len(runs) - len(todo), len(todo))
 
-  def record(name, error):
-    status[name] = "trained" if error is None else f"failed: {error}"
+  def record(name, stopped=None, error=None):
+    status[name] = (f"failed: {error}" if error else stopped or "trained")
     log.info("%s: %s", name, status[name])
 
+  # A run stopped by SIGTERM/SIGINT (it saved a checkpoint) stops the sweep: running the same
+  # command again resumes it. Runs that did not start say so.
   if parallel <= 1:
     for name, run in todo:
       try:
-        _train(config_lib.to_json(run), str(root / name))
-        record(name, None)
+        record(name, stopped=_train(config_lib.to_json(run), str(root / name)))
       except Exception as e:  # noqa: BLE001 (one failure must not stop the sweep)
-        record(name, f"{type(e).__name__}: {e}")
+        record(name, error=f"{type(e).__name__}: {e}")
+      if status[name].startswith("stopped"):
+        break
   else:
     context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
     with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context) as pool:
       futures = {pool.submit(_train, config_lib.to_json(run), str(root / name)): name
                  for name, run in todo}
       for future in concurrent.futures.as_completed(futures):
+        if future.cancelled():
+          continue
         error = future.exception()
-        record(futures[future], None if error is None else f"{type(error).__name__}: {error}")
-  return {name: status[name] for name, _ in runs}
+        if error is None:
+          record(futures[future], stopped=future.result())
+          if status[futures[future]].startswith("stopped"):
+            pool.shutdown(wait=True, cancel_futures=True)
+        else:
+          record(futures[future], error=f"{type(error).__name__}: {error}")
+  return {name: status.get(name, "not started") for name, _ in runs}

@@ -1,10 +1,12 @@
 """A two-variant sweep on the tiny config, compared end to end."""
 
 import csv
+import os
+import signal
 
 import pytest
 
-from seq2seq import compare, sweep
+from seq2seq import compare, sweep, train
 from seq2seq.errors import UserError
 from tests.conftest import fast_tiny_config, load_config
 
@@ -76,3 +78,21 @@ def test_a_run_against_itself_is_not_significant(swept):
   result = compare._significance(hyps, {"itself": list(hyps), "other": perfect}, references, 100)
   assert result["itself"][1] == 1.0
   assert result["other"][1] < 0.05  # the same test does detect a real difference
+
+
+def test_a_signal_stops_the_sweep_and_the_same_command_resumes(tmp_path, monkeypatch):
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 4, 2
+  to_device = train.Trainer.to_device
+
+  def sigterm_once(self, batch):  # A SIGTERM arrives during the first run's first step.
+    monkeypatch.setattr(train.Trainer, "to_device", to_device)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return to_device(self, batch)
+
+  monkeypatch.setattr(train.Trainer, "to_device", sigterm_once)
+  status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
+  assert status["seed-0"].startswith("stopped by SIGTERM at step ")
+  assert status["seed-1"] == "not started" and not (tmp_path / "seed-1").exists()
+  status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
+  assert status == {"seed-0": "trained", "seed-1": "trained"}
