@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from seq2seq.evaluate import run_evaluation
+from seq2seq.evaluate import output_files, run_evaluation
 from tests.conftest import ROOT
 
 # 256 tokens at padded length 16 are 16 rows: a multiple of 1 and of 4 devices,
@@ -69,5 +69,5 @@ def test_fsdp_sharded_parameters_give_the_losses_of_replicated_ones(tmp_path):
   # translates like the replicated run's.
   prefixes = [run_evaluation(tmp_path / name, split="val", checkpoint="latest", beam_size=1,
                             batch_size=8)[1] for name in ("one", "fsdp")]
-  hypotheses = [prefix.with_suffix(".hyp").read_text(encoding="utf-8") for prefix in prefixes]
+  hypotheses = [output_files(prefix)[0].read_text(encoding="utf-8") for prefix in prefixes]
   assert hypotheses[0] == hypotheses[1] and hypotheses[0].strip()
