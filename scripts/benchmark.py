@@ -1,7 +1,8 @@
 """Training and decoding speed at fixed shapes, one JSON line per measurement.
 
   python scripts/benchmark.py [--mode=train,decode] [--layers=3 --dim=256 --heads=4 --mlp=1024]
-      [--vocab=8000] [--batch=64 --length=32] [--decode_batch=32 --src_len=40 --out_len=40]
+      [--vocab=8000] [--batch=64 --length=32 --dtype=float32|bfloat16]
+      [--decode_batch=32 --src_len=40 --out_len=40]
 
 train: step time, target tokens/s, model FLOPs per step (matmuls, x3 for the
 backward pass) and MFU against a matrix multiply measured in the same run (and
@@ -27,6 +28,8 @@ _VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Training sentences per step.")
 _LENGTH = flags.DEFINE_integer("length", 32, "Training source and target tokens per sentence.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed training steps (the fastest is kept).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Training computation dtype (parameters stay float32).")
 _DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding call.")
 _SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.")
 _OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.")
@@ -39,7 +42,8 @@ def main(argv):
                vocab=_VOCAB.value)
   if "train" in _MODE.value:
     print(json.dumps(benchmark.train_benchmark(**sizes, batch=_BATCH.value, length=_LENGTH.value,
-                                               steps=_STEPS.value)), flush=True)
+                                               steps=_STEPS.value, dtype=_DTYPE.value)),
+          flush=True)
   if "decode" in _MODE.value:
     for result in benchmark.decode_benchmark(
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,

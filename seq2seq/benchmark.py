@@ -81,9 +81,14 @@ def _random_batch(batch: int, length: int, vocab: int) -> dict:
 
 
 def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
-                    steps=10) -> dict:
-  """Step time, target tokens/s, FLOPs and MFU of the jitted train step at fixed shapes."""
+                    steps=10, dtype="float32") -> dict:
+  """Step time, target tokens/s, FLOPs and MFU of the jitted train step at fixed shapes.
+
+  `dtype` is the computation's (`config.train.dtype`: parameters and optimizer
+  state stay float32); the reference matmul and the vendor peak use the same.
+  """
   c = transformer_config(layers, dim, heads, mlp)
+  c.train.dtype = dtype
   graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
   optimizer = train.make_optimizer(c.train)
   step = jax.jit(functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
@@ -97,13 +102,12 @@ def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=6
     state, metrics = jax.block_until_ready(step(state, data, key))
     best = min(best, time.perf_counter() - start)
   flops = transformer_flops(c.model, vocab, batch, length, length)
-  matmul = matmul_flops_per_sec()
+  matmul = matmul_flops_per_sec(dtype=jnp.dtype(dtype))
   device = jax.devices()[0]
-  # Computation is float32 (bf16 compute is not implemented yet).
   peak = PEAK_FLOPS.get(next((k for k in PEAK_FLOPS if device.device_kind.startswith(k)), ""),
-                        {}).get("float32")
+                        {}).get(dtype)
   return {"benchmark": "train", "layers": layers, "dim": dim, "heads": heads, "mlp": mlp,
-          "vocab": vocab, "batch": batch, "length": length, "dtype": "float32",
+          "vocab": vocab, "batch": batch, "length": length, "dtype": dtype,
           "step_seconds": float(f"{best:.6g}"),
           "target_tokens_per_sec": round(float(metrics["tokens"]) / best, 1),
           "model_tflops_per_step": round(flops / 1e12, 4),
