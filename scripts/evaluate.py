@@ -1,11 +1,12 @@
 """Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test \
-      [--checkpoint=best|latest|STEP|avg:N] [--beam_size=4 --alpha=0.6]
+      [--checkpoint=best|latest|STEP|avg:N] [--beam_size=4 --alpha=0.6] [--plot_attention=K]
   python scripts/evaluate.py --workdir=DIR --src_file=test.en --ref_file=test.de
 
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
-per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures).
+per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
+with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
 """
 
 import json
@@ -20,6 +21,7 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of 
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
 _REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
+_PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")
 
 
 def main(argv):
@@ -29,7 +31,7 @@ def main(argv):
     result, prefix = run_evaluation(
         _RUN["workdir"].value, split=_SPLIT.value, checkpoint=_RUN["checkpoint"].value,
         beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,
-        src_file=_SRC.value, ref_file=_REF.value)
+        src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 

@@ -10,8 +10,7 @@ with subword labels on the axes.
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, alignment
-from seq2seq.plots import attention_heatmaps
+from seq2seq.evaluate import Translator, plot_alignment
 
 _RUN = define_run_flags()
 _TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)
@@ -25,10 +24,7 @@ def main(argv):
     workdir = _RUN["workdir"].value
     translator = Translator(workdir, _RUN["checkpoint"].value,
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value)
-    weights, src, tgt = alignment(translator, _TEXT.value)
-    path = attention_heatmaps(weights, src, tgt, _OUT.value or f"{workdir}/attention.png",
-                              title=f"{translator.config.model.family},"
-                              f" {translator.config.model.attention} attention")
+    path = plot_alignment(translator, _TEXT.value, _OUT.value or f"{workdir}/attention.png")
     print(f"wrote {path}")
 
   run_main(plot)

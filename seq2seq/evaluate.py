@@ -172,6 +172,16 @@ def alignment(translator: Translator, text: str):
           translator.tokenizer.pieces(out))
 
 
+def plot_alignment(translator: Translator, text: str, path: str | Path) -> Path:
+  """Writes the PNG heatmaps of `alignment(translator, text)`: the RNN's alignment, or
+  the Transformer's cross-attention per layer and head, subwords on the axes."""
+  from seq2seq.plots import attention_heatmaps  # matplotlib only where pictures are drawn.
+
+  weights, src, tgt = alignment(translator, text)
+  c = translator.config.model
+  return attention_heatmaps(weights, src, tgt, path, title=f"{c.family}, {c.attention} attention")
+
+
 def _restore_params(workdir: Path, spec: str, config, params_like):
   """The parameters of the checkpoint(s) `spec` names, averaged when several."""
   from seq2seq import train  # The train state's layout is the trainer's.
@@ -247,12 +257,19 @@ def read_lines(path: str | Path, flag: str = "") -> list[str]:
 
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
                    beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64,
-                   src_file: str = "", ref_file: str = "") -> tuple[dict, Path]:
+                   src_file: str = "", ref_file: str = "",
+                   plot_attention: int = 0) -> tuple[dict, Path]:
   """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
+
+  With `plot_attention` K > 0, also draws the attention of the first K non-empty
+  source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
   """
+  if plot_attention < 0:
+    raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
+                    " of sentences to draw (0: none).")
   workdir = Path(workdir)
   if bool(src_file) != bool(ref_file):
     raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
@@ -270,4 +287,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "")
   prefix = workdir / "eval" / f"{name}.{tag}.beam{beam_size}"
-  return evaluate_split(translator, sources, references, prefix), prefix
+  result = evaluate_split(translator, sources, references, prefix)
+  drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
+  for i in drawn:
+    plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png")
+  return result, prefix

@@ -238,6 +238,9 @@ CASES = [
     ("undecodable --input", lambda r, t, v: evaluate.read_lines(
         text_file(t, "in.en", b"ok\n\xe4 latin-1\n"), "--input"),
      "{tmp}/in.en line 2 is not UTF-8 (invalid continuation byte); convert the file to UTF-8."),
+    ("negative --plot_attention",
+     lambda r, t, v: evaluate.run_evaluation(r, split="val", plot_attention=-1),
+     "--plot_attention=-1 must not be negative; pass the number of sentences to draw (0: none)."),
     ("--nbest above --beam_size",
      lambda r, t, v: evaluate.Translator(r, "latest", beam_size=2, nbest=3),
      "--nbest=3 must be between 1 and --beam_size=2."),

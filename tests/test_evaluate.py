@@ -57,9 +57,12 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   ref.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\nEine Frau kocht.\n",
                  encoding="utf-8")
   result = script("evaluate.py", f"--workdir={run}", f"--src_file={src}", f"--ref_file={ref}",
-                  "--beam_size=3", "--checkpoint=latest")
+                  "--beam_size=3", "--checkpoint=latest", "--plot_attention=2")
   assert result.returncode == 0, result.stderr.decode()[-3000:]
   hyp = run / "eval" / "src.en.latest.beam3.hyp"  # the names scripts/evaluate.py documents
+  pictures = sorted(p.name for p in (run / "eval").glob("src.en.latest.beam3.attention*.png"))
+  assert pictures == ["src.en.latest.beam3.attention1.png", "src.en.latest.beam3.attention2.png"]
+  assert all((run / "eval" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pictures)
   json_file = run / "eval" / "src.en.latest.beam3.json"
   scores = json.loads(json_file.read_text())
   assert len(hyp.read_text(encoding="utf-8").splitlines()) == 3
