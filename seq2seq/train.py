@@ -349,6 +349,23 @@ class StopSignals:
       signal.signal(sig, handler)
 
 
+def _diverged(what: str, step: int, last_checkpoint: int | None) -> UserError:
+  where = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
+           else "no checkpoint was saved yet")
+  return UserError(f"The {what} at step {step}; {where}. Lower config.train.learning_rate or"
+                   " raise config.train.warmup_steps.")
+
+
+def _check_finite(metrics: list, done: int, last_checkpoint: int | None) -> None:
+  """Stops training at the first of the last `len(metrics)` steps (ending at `done`) whose
+  loss or gradient norm is not finite: its update has spoiled the parameters."""
+  values = jax.device_get([(m["loss"], m["grad_norm"]) for m in metrics])
+  for i, (loss, grad_norm) in enumerate(values):
+    if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
+      raise _diverged(f"training loss is {float(loss)} (gradient norm {float(grad_norm)})",
+                      done - len(values) + i + 1, last_checkpoint)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains `config` in `workdir`, resuming if it already holds a run.
 
@@ -401,7 +418,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   writer = MetricsWriter(workdir)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
                        mininterval=2.0, disable=jax.process_index() != 0)
-  pending, last_eval = [], {}
+  pending, checked, last_eval = [], 0, {}  # pending[:checked]: steps known to be finite.
   interval_start, train_start = time.perf_counter(), time.perf_counter()
   stop = StopSignals()
   try:
@@ -410,14 +427,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
       pending.append(metrics)
       done = step + 1
-      if done % config.train.log_every_steps == 0 or done == num_steps:
+      log_now = done % config.train.log_every_steps == 0 or done == num_steps
+      evaluate_now = done % config.eval.every_steps == 0 or done == num_steps
+      save_now = bool(config.checkpoint.every_steps) and done % config.checkpoint.every_steps == 0
+      stopping = stop.received  # Read once: a signal arriving after this stops the next step.
+      if log_now or evaluate_now or save_now or stopping:
+        # Before anything is saved: no checkpoint holds a diverged state.
+        _check_finite(pending[checked:], done, checkpoints.latest_step())
+        checked = len(pending)
+      if log_now:
         summed = jax.tree.map(lambda *xs: float(sum(xs)), *jax.device_get(pending))
         elapsed = time.perf_counter() - interval_start
         train_loss = summed["loss"] / max(summed["tokens"], 1.0)
-        if not math.isfinite(train_loss):
-          raise UserError(f"The training loss is {train_loss} at step {done}; the last good"
-                          f" checkpoint is step {checkpoints.latest_step()}. Lower"
-                          " config.train.learning_rate or raise config.train.warmup_steps.")
         record = {"loss": train_loss, "nll": summed["nll"] / max(summed["tokens"], 1.0),
                   "grad_norm": summed["grad_norm"] / len(pending),
                   "learning_rate": float(learning_rate_schedule(config.train)(step)),
@@ -426,9 +447,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         writer.write(done, "train", record)
         progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
         progress.update(done - progress.n)
-        pending, interval_start = [], time.perf_counter()
-      if done % config.eval.every_steps == 0 or done == num_steps:
+        pending, checked, interval_start = [], 0, time.perf_counter()
+      if evaluate_now:
         last_eval = {"step": done, **trainer.evaluate(state.params)}
+        if not math.isfinite(last_eval["loss"]):  # Finite training losses, diverged parameters.
+          raise _diverged(f"{config.eval.split} loss is {last_eval['loss']}", done,
+                          checkpoints.latest_step())
         last_eval["train_wall_seconds"] = time.perf_counter() - train_start
         writer.write(done, config.eval.split, last_eval)
         checkpoints.save(done, state, metrics={"bleu": last_eval["bleu"],
@@ -437,14 +461,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
           progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
                          f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
         interval_start = time.perf_counter()  # Evaluation time is not training throughput.
-      elif config.checkpoint.every_steps and done % config.checkpoint.every_steps == 0:
+      elif save_now:
         checkpoints.save(done, state)  # Kept by LatestN only: e.g. for --checkpoint=avg:N.
-      if stop.received and done < num_steps:
+      if stopping and done < num_steps:
         if checkpoints.latest_step() != done:
           checkpoints.save(done, state)
         log.info("Received %s: saved a checkpoint at step %d in %s; run the same command to"
-                 " resume.", stop.received, done, workdir)
-        return {**last_eval, "step": done, "interrupted": stop.received}
+                 " resume.", stopping, done, workdir)
+        return {**last_eval, "step": done, "interrupted": stopping}
   finally:
     stop.restore()
     progress.close()

@@ -3,6 +3,7 @@
 import copy
 import functools
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +15,9 @@ from seq2seq import config as config_lib
 from seq2seq import train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from tests.conftest import load_config
+from tests.conftest import fast_tiny_config, load_config
 
 
 def read_metrics(workdir):
@@ -216,3 +218,34 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
   steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "train"]
   assert steps == [1, 2, 3, 4, 3, 4, 5, 6]  # steps 3-4 trained again from step 2
   assert result["step"] == 6 and Checkpoints(tmp_path, keep=2).all_steps()[-1] == 6
+
+
+@pytest.mark.parametrize("every,checkpoints,message", [
+    # Every step evaluated: the parameters after the first update give a non-finite validation
+    # loss (the step's own training loss, computed before the update, is still finite).
+    ({"eval.every_steps": 1}, [1, 2], "The val loss is {nan} at step 3"),
+    # Every step checkpointed (the last 2 kept), none evaluated: step 4's training loss is the
+    # first to overflow.
+    ({"eval.every_steps": 100, "checkpoint.every_steps": 1}, [2, 3],
+     "The training loss is {nan} (gradient norm {nan}) at step 4"),
+])
+def test_non_finite_loss_stops_before_a_diverged_state_is_saved(tmp_path, every, checkpoints,
+                                                                message):
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 2, 1
+  train.train_and_evaluate(c, tmp_path)
+  # Resumed with an absurd learning rate, the first update (step 3) blows the parameters up. No
+  # loss is logged before step 8: checked only when logged, the loss would let the diverged
+  # states of the steps before it be saved.
+  diverging = copy.deepcopy(c)
+  diverging.train.num_steps, diverging.train.learning_rate = 8, 1e30
+  for field, value in every.items():
+    section, name = field.split(".")
+    diverging[section][name] = value
+  with pytest.raises(UserError) as raised:
+    train.train_and_evaluate(diverging, tmp_path)
+  expected = (re.escape(message).replace(r"\{nan\}", "(nan|inf)")
+              + re.escape(f"; the last good checkpoint is step {checkpoints[-1]}. Lower"
+                          " config.train.learning_rate or raise config.train.warmup_steps."))
+  assert re.fullmatch(expected, str(raised.value)), str(raised.value)
+  assert Checkpoints(tmp_path, keep=10).all_steps() == checkpoints
