@@ -356,14 +356,14 @@ def _diverged(what: str, step: int, last_checkpoint: int | None) -> UserError:
                    " raise config.train.warmup_steps.")
 
 
-def _check_finite(metrics: list, done: int, last_checkpoint: int | None) -> None:
-  """Stops training at the first of the last `len(metrics)` steps (ending at `done`) whose
-  loss or gradient norm is not finite: its update has spoiled the parameters."""
-  values = jax.device_get([(m["loss"], m["grad_norm"]) for m in metrics])
-  for i, (loss, grad_norm) in enumerate(values):
-    if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
-      raise _diverged(f"training loss is {float(loss)} (gradient norm {float(grad_norm)})",
-                      done - len(values) + i + 1, last_checkpoint)
+def _check_finite(metrics: list[dict], done: int, last_checkpoint: int | None) -> None:
+  """Stops training at the first of the last `len(metrics)` steps (ending at `done`, metrics
+  on the host) whose loss or gradient norm is not finite: its update spoiled the parameters."""
+  for i, m in enumerate(metrics):
+    loss, grad_norm = float(m["loss"]), float(m["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+      raise _diverged(f"training loss is {loss} (gradient norm {grad_norm})",
+                      done - len(metrics) + i + 1, last_checkpoint)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -418,7 +418,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   writer = MetricsWriter(workdir)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
                        mininterval=2.0, disable=jax.process_index() != 0)
-  pending, checked, last_eval = [], 0, {}  # pending[:checked]: steps known to be finite.
+  pending, checked, last_eval = [], 0, {}  # pending[:checked]: on the host, known finite.
   interval_start, train_start = time.perf_counter(), time.perf_counter()
   stop = StopSignals()
   try:
@@ -432,11 +432,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       save_now = bool(config.checkpoint.every_steps) and done % config.checkpoint.every_steps == 0
       stopping = stop.received  # Read once: a signal arriving after this stops the next step.
       if log_now or evaluate_now or save_now or stopping:
-        # Before anything is saved: no checkpoint holds a diverged state.
+        # Before anything is saved: no checkpoint holds a diverged state. Fetched once: the
+        # steps' metrics stay on the host for the log.
+        pending[checked:] = jax.device_get(pending[checked:])
         _check_finite(pending[checked:], done, checkpoints.latest_step())
         checked = len(pending)
       if log_now:
-        summed = jax.tree.map(lambda *xs: float(sum(xs)), *jax.device_get(pending))
+        summed = jax.tree.map(lambda *xs: float(sum(xs)), *pending)
         elapsed = time.perf_counter() - interval_start
         train_loss = summed["loss"] / max(summed["tokens"], 1.0)
         record = {"loss": train_loss, "nll": summed["nll"] / max(summed["tokens"], 1.0),
