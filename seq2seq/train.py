@@ -71,19 +71,29 @@ def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation
 
 
 def cross_entropy(logits, targets, label_smoothing: float):
-  """Summed label-smoothed loss and NLL over non-PAD targets.
+  """Summed label-smoothed loss and NLL over non-PAD targets, from one log-normalizer.
+
+  Smoothing mixes the one-hot target with the uniform distribution, so the
+  smoothed cross-entropy of a token is `(1 - eps) * nll + eps * mean_v(-log p_v)`.
+  With `log p_v = z_v - lse(z)` both terms need only `lse(z)`, the target's logit
+  and the mean logit: no `[tokens, vocab]` one-hot and no second softmax.
 
   Args:
-    logits: `[batch, t, vocab]` float32.
+    logits: `[batch, t, vocab]` (computed in float32).
     targets: `[batch, t]` ids, PAD_ID where there is no target.
 
   Returns:
     dict of sums: `loss` (smoothed), `nll` (unsmoothed), `tokens` (count).
   """
+  logits = logits.astype(jnp.float32)
   weights = (targets != tokenizer.PAD_ID).astype(jnp.float32)
-  soft = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), label_smoothing)
-  loss = optax.softmax_cross_entropy(logits, soft)
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [batch, t]
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = log_normalizer - target_logit
+  loss = nll
+  if label_smoothing:
+    uniform = log_normalizer - jnp.mean(logits, axis=-1)  # mean_v(-log p_v)
+    loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
   return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "tokens": jnp.sum(weights)}
 

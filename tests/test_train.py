@@ -8,6 +8,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -82,6 +83,22 @@ def test_label_smoothed_loss_matches_formula():
   np.testing.assert_allclose(sums["loss"], expected, rtol=1e-5)
   np.testing.assert_allclose(sums["nll"], -logp[3], rtol=1e-5)
   assert float(sums["tokens"]) == 1.0
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_loss_equals_one_hot_softmax_cross_entropy(smoothing):
+  """One log-normalizer gives optax's smoothed one-hot cross-entropy: values and gradients."""
+  logits = 3.0 * jax.random.normal(jax.random.key(1), (3, 7, 50))
+  targets = jax.random.randint(jax.random.key(2), (3, 7), 0, 50).at[:, -2:].set(0)  # PAD tail
+
+  def reference(z):
+    weights = (targets != 0).astype(jnp.float32)
+    soft = optax.smooth_labels(jax.nn.one_hot(targets, 50), smoothing)
+    return jnp.sum(optax.softmax_cross_entropy(z, soft) * weights)
+
+  ours = lambda z: train.cross_entropy(z, targets, smoothing)["loss"]  # noqa: E731
+  np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-5)
+  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits), atol=1e-6)
 
 
 def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
