@@ -1,12 +1,15 @@
 """Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test \
-      [--checkpoint=best|latest|STEP|avg:N] [--beam_size=4 --alpha=0.6] [--plot_attention=K]
+      [--checkpoint=best|latest|STEP|avg:N|selected] [--beam_size=4 --alpha=0.6] [--plot_attention=K]
+  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val --checkpoint=best,avg:5
   python scripts/evaluate.py --workdir=DIR --src_file=test.en --ref_file=test.de
 
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
 with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
+Several comma-separated checkpoints (validation split only) are each scored, and
+the best is recorded in <workdir>/eval/selected.json for --checkpoint=selected.
 """
 
 import json
@@ -14,7 +17,7 @@ import json
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import run_evaluation
+from seq2seq.evaluate import run_evaluation, select_checkpoint
 
 _RUN = define_run_flags()
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")
@@ -28,6 +31,15 @@ def main(argv):
   del argv
 
   def evaluate():
+    candidates = _RUN["checkpoint"].value.split(",")
+    if len(candidates) > 1:
+      result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
+                                 beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
+                                 batch_size=_BATCH.value)
+      print(json.dumps(result, indent=2))
+      print(f"chose --checkpoint={result['checkpoint']} on {_SPLIT.value}; score it on test with"
+            " --checkpoint=selected")
+      return
     result, prefix = run_evaluation(
         _RUN["workdir"].value, split=_SPLIT.value, checkpoint=_RUN["checkpoint"].value,
         beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,

@@ -21,6 +21,9 @@ from seq2seq.errors import UserError
 BEST_METRIC = "bleu"
 VOCAB = Path("vocab") / "spm.model"  # The run's SentencePiece model, relative to the workdir.
 log = logging.getLogger("seq2seq")
+# A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
+logging.getLogger("absl").addFilter(
+    lambda record: "did not provide metrics" not in record.getMessage())
 
 
 class Checkpoints:
@@ -34,8 +37,12 @@ class Checkpoints:
         policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1,
                        keep_checkpoints_without_metrics=False),
     ])
+    # best_fn only makes orbax write each step's metrics to disk (the preservation policy
+    # decides what is kept): without it, a restarted process sees no BLEU, and "best"
+    # would quietly mean "latest".
     options = ocp.CheckpointManagerOptions(
-        create=True, preservation_policy=preservation, enable_async_checkpointing=False)
+        create=True, preservation_policy=preservation, enable_async_checkpointing=False,
+        best_fn=lambda metrics: metrics[BEST_METRIC], best_mode="max")
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:

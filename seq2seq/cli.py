@@ -68,7 +68,9 @@ def define_run_flags(beam_size: int = 4) -> dict:
   return {
       "workdir": flags.DEFINE_string("workdir", None, "Directory of a training run.",
                                      required=True),
-      "checkpoint": flags.DEFINE_string("checkpoint", "best", "best, latest, a step, or avg:N."),
+      "checkpoint": flags.DEFINE_string(
+          "checkpoint", "best", "best, latest, a step, avg:N, or selected (chosen on"
+          " validation by scripts/evaluate.py --checkpoint=best,avg:N --split=val)."),
       "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
       "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),
   }

@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   t.grad_accum_steps = 1  # Split each batch into k micro-batches; one update from their sum.
   t.fsdp = 1  # Shard parameters and optimizer state over this many devices (1 = replicate).
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
+  t.patience = 0  # Stop after N evaluations without a better validation BLEU (0 = never).
 
   c.eval = e = ml_collections.ConfigDict()
   e.every_steps = 1000  # Validation loss + BLEU (and a checkpoint) every N steps.
@@ -207,7 +208,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   non_negative = {
       "data.max_train_examples": d.max_train_examples, "train.warmup_steps": t.warmup_steps,
       "train.adam_eps": t.adam_eps, "train.weight_decay": t.weight_decay,
-      "train.clip_norm": t.clip_norm, "eval.max_sentences": e.max_sentences,
+      "train.clip_norm": t.clip_norm, "train.patience": t.patience,
+      "eval.max_sentences": e.max_sentences,
       "eval.alpha": e.alpha, "eval.max_decode_len_a": e.max_decode_len_a,
       "eval.max_decode_len_b": e.max_decode_len_b,
   }

@@ -103,6 +103,8 @@ class Translator:
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    if checkpoint == "selected":
+      checkpoint = selected_checkpoint(workdir)
     checkpoints = Checkpoints(workdir, self.config.checkpoint.keep)
     try:
       checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
@@ -112,17 +114,22 @@ class Translator:
       raise UserError(f"{workdir / VOCAB} is missing: the run's checkpoints only work with the"
                       " vocabulary they were trained with; put it back from a copy of the run.")
     self.tokenizer = Tokenizer.load(workdir / VOCAB)
-    self.batch_size, self.nbest = batch_size, nbest
+    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
     self.beam_size, self.alpha = beam_size, alpha
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
-    self.steps, self.params = _restore_params(workdir, checkpoint, self.config, params)
-    self.checkpoint = checkpoint
+    self.load_checkpoint(checkpoint, params)
     self._fn = jax.jit(functools.partial(
         translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
         max_len_b=self.config.eval.max_decode_len_b, max_len_limit=self.config.model.max_len,
         beam_size=beam_size, alpha=alpha, nbest=nbest, sample_seed=sample_seed,
         temperature=temperature, top_k=top_k))
+
+  def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
+    """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
+    self.steps, self.params = _restore_params(self.workdir, checkpoint, self.config,
+                                              self.params if params_like is None else params_like)
+    self.checkpoint = checkpoint
 
   def translate_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
     """Per sentence (ids without EOS), its n-best (output ids, score)."""
@@ -253,6 +260,53 @@ def read_lines(path: str | Path, flag: str = "") -> list[str]:
         raise UserError(f"{path} line {number} is not UTF-8 ({e.reason}); convert the file"
                         " to UTF-8.") from None
   return lines
+
+
+SELECTION = Path("eval") / "selected.json"  # Relative to the workdir.
+
+
+def selected_checkpoint(workdir: Path) -> str:
+  """The checkpoint spec that `select_checkpoint` chose on validation data."""
+  path = Path(workdir) / SELECTION
+  if not path.is_file():
+    raise UserError(f"--checkpoint=selected needs {path}, which does not exist; choose on"
+                    " validation data first: scripts/evaluate.py --split=val"
+                    " --checkpoint=best,avg:5,avg:10.")
+  return json.loads(path.read_text(encoding="utf-8"))["checkpoint"]
+
+
+def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
+                      beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64) -> dict:
+  """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
+  records the one with the highest BLEU in `<workdir>/eval/selected.json`.
+
+  Choosing on test data would make its score optimistic, so only `val` is allowed.
+
+  Returns:
+    {"checkpoint": the winner, "split", "beam_size", "alpha", "bleu": {spec: BLEU}}.
+  """
+  if split != "val":
+    raise UserError(f"--split={split} with several checkpoints would choose one on {split}"
+                    " data; choose on validation data (--split=val), then score the choice"
+                    " with --checkpoint=selected --split=test.")
+  workdir = Path(workdir)
+  translator = Translator(workdir, candidates[0], beam_size=beam_size, alpha=alpha,
+                          batch_size=batch_size)
+  text = corpus.read_split(translator.config.data, split)
+  found = {}
+  for spec in candidates:
+    if spec != translator.checkpoint:
+      translator.load_checkpoint(spec)
+    prefix = workdir / "eval" / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
+    found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
+  winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
+  result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
+            "bleu": found}
+  path = workdir / SELECTION
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+  tmp.replace(path)
+  return result
 
 
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",

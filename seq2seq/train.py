@@ -376,6 +376,21 @@ def _check_finite(metrics: list[dict], done: int, last_checkpoint: int | None) -
                       done - len(metrics) + i + 1, last_checkpoint)
 
 
+def evaluations_without_improvement(checkpoints: Checkpoints, step: int,
+                                    every_steps: int) -> int:
+  """Evaluations in (best step, `step`]: evaluations happen at multiples of `every_steps`,
+  so this is a function of the checkpoints alone and a resumed run counts as it would have."""
+  best = checkpoints.best_step()
+  return 0 if best is None else step // every_steps - best // every_steps
+
+
+def _early_stop_message(checkpoints: Checkpoints, step: int, patience: int) -> str:
+  best = checkpoints.best_step()
+  bleu = checkpoints.manager.metrics(best)["bleu"]
+  return (f"Stopped early at step {step}: validation BLEU has not improved for {patience}"
+          f" evaluations (config.train.patience); the best is {bleu:.2f} at step {best}.")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains `config` in `workdir`, resuming if it already holds a run.
 
@@ -406,6 +421,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     log.info(message)
     checkpoints.close()
     return {"step": latest, "complete": True, **(checkpoints.manager.metrics(latest) or {})}
+  patience = config.train.patience
+  if latest is not None and patience and evaluations_without_improvement(
+      checkpoints, latest, config.eval.every_steps) >= patience:
+    log.info("The run in %s is complete. %s", workdir,
+             _early_stop_message(checkpoints, latest, patience))
+    checkpoints.close()
+    return {"step": latest, "complete": True, "early_stopped": True}
 
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -473,6 +495,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
           progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
                          f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
         interval_start = time.perf_counter()  # Evaluation time is not training throughput.
+        if patience and evaluations_without_improvement(
+            checkpoints, done, config.eval.every_steps) >= patience and done < num_steps:
+          log.info(_early_stop_message(checkpoints, done, patience))
+          return {**last_eval, "early_stopped": True}
       elif save_now:
         checkpoints.save(done, state)  # Kept by LatestN only: e.g. for --checkpoint=avg:N.
       if stopping and done < num_steps:

@@ -111,3 +111,43 @@ def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
   assert weights.shape == (c.num_decoder_layers, c.num_heads, len(tgt), len(src))
   assert src[-1] == "</s>"
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_path):
+  """Each candidate scores as it would alone; the best is recorded and `selected` restores it."""
+  import shutil
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  with pytest.raises(UserError, match="--checkpoint=selected needs .* does not exist"):
+    evaluate.Translator(workdir, "selected")
+  with pytest.raises(UserError, match="would choose one on test data"):
+    evaluate.select_checkpoint(workdir, ["best", "avg:2"], split="test")
+
+  candidates = ["2", "avg:2", "latest"]
+  chosen = evaluate.select_checkpoint(workdir, candidates, beam_size=1)
+  alone = {spec: evaluate.run_evaluation(workdir, split="val", checkpoint=spec,
+                                         beam_size=1)[0]["bleu"] for spec in candidates}
+  assert chosen["bleu"] == pytest.approx(alone)
+  best = max(alone.values())
+  assert chosen["checkpoint"] == next(s for s in candidates if alone[s] == best)
+  assert json.loads((workdir / evaluate.SELECTION).read_text())["checkpoint"] == (
+      chosen["checkpoint"])
+  translator = evaluate.Translator(workdir, "selected", beam_size=1)
+  reference = evaluate.Translator(workdir, chosen["checkpoint"], beam_size=1)
+  assert translator.steps == reference.steps
+  jax.tree.map(np.testing.assert_array_equal, translator.params, reference.params)
+
+
+def test_best_checkpoint_is_known_after_a_restart(tmp_path):
+  """orbax writes each evaluation's BLEU to disk, so "best" is not "latest" in a new process."""
+  import jax.numpy as jnp
+  checkpoints = Checkpoints(tmp_path, keep=1)
+  for step, bleu in [(2, 3.0), (4, 9.0), (6, 5.0)]:
+    checkpoints.save(step, {"x": jnp.ones(2)}, metrics={"bleu": bleu, "loss": 1.0})
+  checkpoints.save(7, {"x": jnp.ones(2)})  # Between evaluations: no metrics.
+  checkpoints.close()
+  reopened = Checkpoints(tmp_path, keep=1)
+  assert reopened.all_steps() == [4, 7]
+  assert reopened.best_step() == 4
+  assert reopened.resolve("best") == [4]
+  reopened.close()

@@ -3,6 +3,8 @@
 import copy
 import functools
 import json
+import logging
+import math
 import re
 
 import jax
@@ -266,3 +268,35 @@ def test_non_finite_loss_stops_before_a_diverged_state_is_saved(tmp_path, every,
                           " config.train.learning_rate or raise config.train.warmup_steps."))
   assert re.fullmatch(expected, str(raised.value)), str(raised.value)
   assert Checkpoints(tmp_path, keep=10).all_steps() == checkpoints
+
+
+def _scripted_bleu(monkeypatch, scores):
+  """Validation returns the given BLEU scores in turn (what patience reads)."""
+  calls = iter(scores)
+
+  def evaluate(self, params):
+    del self, params
+    return {"loss": 1.0, "perplexity": math.e, "bleu": next(calls), "bleu_signature": "s",
+            "example": ""}
+  monkeypatch.setattr(train.Trainer, "evaluate", evaluate)
+
+
+@pytest.mark.parametrize("patience, stop", [(1, 6), (2, 8), (3, 12)])
+def test_patience_stops_after_evaluations_without_a_better_bleu(tmp_path, tiny_config,
+                                                                monkeypatch, caplog, patience,
+                                                                stop):
+  # Evaluations at steps 2, 4, ..., 12: the best BLEU (7) is at step 4, then 6, 6, 7.5, 2.
+  _scripted_bleu(monkeypatch, [5.0, 7.0, 6.0, 6.0, 7.5, 2.0])
+  tiny_config.train.num_steps, tiny_config.eval.every_steps = 12, 2
+  tiny_config.train.patience = patience
+  caplog.set_level(logging.INFO, logger="seq2seq")
+  result = train.train_and_evaluate(tiny_config, tmp_path)
+  assert result["step"] == stop and result.get("early_stopped", False) == (stop < 12)
+  checkpoints = Checkpoints(tmp_path, tiny_config.checkpoint.keep)
+  assert checkpoints.latest_step() == stop
+  checkpoints.close()
+  if stop < 12:
+    assert (f"Stopped early at step {stop}: validation BLEU has not improved for {patience}"
+            f" evaluations (config.train.patience); the best is 7.00 at step 4.") in caplog.text
+    again = train.train_and_evaluate(tiny_config, tmp_path)  # Resuming stops at once.
+    assert again == {"step": stop, "complete": True, "early_stopped": True}
