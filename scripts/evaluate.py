@@ -1,7 +1,8 @@
 """Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test \
-      [--checkpoint=best|latest|STEP|avg:N|selected] [--beam_size=4 --alpha=0.6] [--plot_attention=K]
+      [--checkpoint=best|latest|STEP|avg:N|selected] [--beam_size=4 --alpha=0.6]
+      [--plot_attention=K]
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val --checkpoint=best,avg:5
   python scripts/evaluate.py --workdir=DIR --src_file=test.en --ref_file=test.de
 

@@ -17,11 +17,14 @@ from seq2seq import decoding, train
 from seq2seq.config import base_config
 from seq2seq.models import build_model
 
-# Dense peak FLOP/s of known accelerators (vendor data sheets, without sparsity).
+# Dense peak FLOP/s of known accelerators (vendor data sheets, without sparsity). Under JAX's
+# default matmul precision, float32 matmuls on Ampere and Hopper run on the TF32 tensor cores,
+# so the float32 entry is the TF32 peak (jax_default_matmul_precision="highest" would bound
+# them by the plain FP32 peak instead: 67 TFLOP/s on H100/H200, 19.5 on A100).
 PEAK_FLOPS = {
-    "NVIDIA H100": {"bfloat16": 989e12, "float32": 67e12},  # SXM: TF32 is not used here.
-    "NVIDIA H200": {"bfloat16": 989e12, "float32": 67e12},
-    "NVIDIA A100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "NVIDIA H100": {"bfloat16": 989e12, "float32": 495e12},  # SXM
+    "NVIDIA H200": {"bfloat16": 989e12, "float32": 495e12},
+    "NVIDIA A100": {"bfloat16": 312e12, "float32": 156e12},
 }
 
 

@@ -9,6 +9,7 @@ Across hosts (`config.distributed`), every process runs this same program on
 its own rows of each global batch; only process 0 writes logs and metrics.
 """
 
+import collections
 import functools
 import json
 import logging
@@ -36,6 +37,7 @@ from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
+from seq2seq.workdir_lock import WorkdirLock
 
 log = logging.getLogger("seq2seq")
 
@@ -194,12 +196,34 @@ def fsdp_sharding(mesh: jax.sharding.Mesh, x) -> NamedSharding:
   return NamedSharding(mesh, P(*spec))
 
 
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+  """Keeps the records of `path` with `step <= last_step` (atomically: a kill leaves either)."""
+  if not path.is_file():
+    return
+  def step_of(line: str) -> float:
+    try:
+      return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+      return math.inf  # A line torn by a kill: dropped with the steps after the checkpoint.
+
+  lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+  kept = [line for line in lines if step_of(line) <= last_step]
+  if len(kept) == len(lines):
+    return
+  tmp = path.with_suffix(".jsonl.tmp")
+  tmp.write_text("".join(kept), encoding="utf-8")
+  tmp.replace(path)
+
+
 class MetricsWriter:
   """`metrics.jsonl` and TensorBoard events; silent on all but process 0."""
 
-  def __init__(self, workdir: Path):
+  def __init__(self, workdir: Path, start_step: int = 0):
+    """Appends to the run's metrics; records after `start_step` (written before a resume from
+    an earlier checkpoint) are dropped first, so that every step appears once."""
     self.enabled = jax.process_index() == 0
     if self.enabled:
+      _truncate_jsonl(workdir / "metrics.jsonl", start_step)
       import tensorboardX  # Only the writing process needs it.
       self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
       self.tensorboard = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
@@ -431,6 +455,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
+  try:
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+      return _train(config, workdir, checkpoints)
+  finally:
+    checkpoints.close()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkpoints) -> dict:
+  """The run itself, from building the trainer to the last step (see `train_and_evaluate`)."""
+  num_steps, patience = config.train.num_steps, config.train.patience
   trainer = Trainer(config, workdir)
   restored, state = checkpoints.restore_latest_good(trainer.new_state())
   if jax.process_index() == 0:
@@ -447,10 +481,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
              " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
              config.train.fsdp)
 
-  writer = MetricsWriter(workdir)
+  log.info("Compiling the train step (once per batch shape: %d shapes, each the first time a"
+           " batch of it comes)...", len(trainer.train_batches.shapes))
+  writer = MetricsWriter(workdir, start)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
                        mininterval=2.0, disable=jax.process_index() != 0)
   pending, checked, last_eval = [], 0, {}  # pending[:checked]: on the host, known finite.
+  unshown = collections.deque()  # Dispatched steps not yet counted by the progress bar.
   interval_start, train_start = time.perf_counter(), time.perf_counter()
   stop = StopSignals()
   try:
@@ -459,6 +496,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
       pending.append(metrics)
       done = step + 1
+      # The bar counts finished steps, asking without waiting: no host sync per step.
+      unshown.append(metrics["tokens"])
+      while unshown and unshown[0].is_ready():
+        unshown.popleft()
+        progress.update(1)
       log_now = done % config.train.log_every_steps == 0 or done == num_steps
       evaluate_now = done % config.eval.every_steps == 0 or done == num_steps
       save_now = bool(config.checkpoint.every_steps) and done % config.checkpoint.every_steps == 0
@@ -481,6 +523,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         writer.write(done, "train", record)
         progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
         progress.update(done - progress.n)
+        unshown.clear()
         pending, checked, interval_start = [], 0, time.perf_counter()
       if evaluate_now:
         last_eval = {"step": done, **trainer.evaluate(state.params)}
@@ -511,5 +554,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     stop.restore()
     progress.close()
     writer.close()
-    checkpoints.close()
   return last_eval

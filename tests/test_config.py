@@ -4,12 +4,15 @@ import pytest
 
 from seq2seq import config as config_lib
 from seq2seq.errors import UserError
-from tests.conftest import load_config
+from tests.conftest import ROOT, load_config
 
 
-@pytest.mark.parametrize("name", ["tiny", "multi30k_transformer", "multi30k_rnn"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "configs").glob("*.py")))
 def test_shipped_configs_are_valid(name):
-  config_lib.validate(load_config(name))
+  config = load_config(name)
+  config_lib.validate(config)
+  if config.checkpoint.every_steps:  # Periodic checkpoints exist to be averaged: keep them.
+    assert config.checkpoint.keep * config.checkpoint.every_steps >= config.eval.every_steps
 
 
 @pytest.mark.parametrize("family,attention,message", [

@@ -5,7 +5,12 @@ import functools
 import json
 import logging
 import math
+import os
 import re
+import shutil
+import socket
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +25,8 @@ from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from tests.conftest import fast_tiny_config, load_config
+from seq2seq.workdir_lock import WorkdirLock
+from tests.conftest import ROOT, fast_tiny_config, load_config
 
 
 def read_metrics(workdir):
@@ -300,3 +306,48 @@ def test_patience_stops_after_evaluations_without_a_better_bleu(tmp_path, tiny_c
             f" evaluations (config.train.patience); the best is 7.00 at step 4.") in caplog.text
     again = train.train_and_evaluate(tiny_config, tmp_path)  # Resuming stops at once.
     assert again == {"step": stop, "complete": True, "early_stopped": True}
+
+
+def test_a_second_training_in_the_same_workdir_is_refused(tmp_path, tiny_config):
+  holder = WorkdirLock(tmp_path)
+  holder.acquire()
+  with pytest.raises(UserError) as e:
+    train.train_and_evaluate(tiny_config, tmp_path)
+  assert str(e.value) == (
+      f"{tmp_path} is in use by another training (host {socket.gethostname()}, pid"
+      f" {os.getpid()}, holding {tmp_path / '.lock'}); wait for it to finish or stop it, or pass"
+      " another --workdir.")
+  holder.release()
+  assert not (tmp_path / ".lock").exists()
+  tiny_config.train.num_steps = tiny_config.eval.every_steps = 2
+  assert train.train_and_evaluate(tiny_config, tmp_path)["step"] == 2
+  assert not (tmp_path / ".lock").exists()
+
+
+def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
+  code = ("import sys, time; from seq2seq.workdir_lock import WorkdirLock;"
+          f" lock = WorkdirLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True);"
+          " time.sleep(120)")
+  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  assert holder.stdout.readline() == b"held\n"
+  with pytest.raises(UserError, match=f"pid {holder.pid}, holding"):
+    WorkdirLock(tmp_path).acquire()
+  holder.kill()
+  holder.wait()
+  assert (tmp_path / ".lock").exists()  # Left behind by the kill, but no longer locked.
+  with WorkdirLock(tmp_path):
+    assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
+
+
+def test_resuming_from_an_earlier_checkpoint_logs_each_step_once(tmp_path, tiny_config):
+  tiny_config.train.num_steps, tiny_config.eval.every_steps = 6, 3
+  tiny_config.train.log_every_steps = 1
+  train.train_and_evaluate(tiny_config, tmp_path)
+  shutil.rmtree(tmp_path / "checkpoints" / "6")  # The newest checkpoint is lost: resume at 3.
+  with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"step": 6, "spl')  # A record torn by the kill.
+  train.train_and_evaluate(tiny_config, tmp_path)
+  records = [(r["step"], r["split"]) for r in read_metrics(tmp_path)]
+  assert records == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"),
+                     (5, "train"), (6, "train"), (6, "val")]

@@ -5,6 +5,7 @@ once per run and stored in the workdir, so evaluating a run always uses its own
 vocabulary.
 """
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -137,4 +138,6 @@ def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vo
   path = Path(workdir) / "vocab" / "spm.model"
   if path.is_file():
     return Tokenizer.load(path)
+  logging.getLogger("seq2seq").info("Training the %d-piece SentencePiece vocabulary on the"
+                                    " training split...", vocab_size)
   return train_tokenizer(texts_fn(), path.with_suffix(""), vocab_size, seed=seed)
