@@ -6,6 +6,7 @@ atomically by orbax: a killed save leaves no half-written step), the run's
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
 """
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -19,6 +20,7 @@ from seq2seq import config as config_lib
 from seq2seq.errors import UserError
 
 BEST_METRIC = "bleu"
+VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
 VOCAB = Path("vocab") / "spm.model"  # The run's SentencePiece model, relative to the workdir.
 log = logging.getLogger("seq2seq")
 # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
@@ -63,6 +65,22 @@ class Checkpoints:
     metadata = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "default")
     return jax.tree.map(lambda leaf: tuple(leaf.shape), dict(metadata))
 
+  def check_vocab(self, step: int) -> None:
+    """Raises `UserError` if the run's vocabulary is missing or is not the one the
+    checkpoint at `step` was trained with (by its recorded sha256)."""
+    recorded = (self.manager.metadata(step).custom_metadata or {}).get(VOCAB_FINGERPRINT)
+    if recorded is None:
+      return  # Saved before fingerprints were recorded.
+    path = self.directory.parent / VOCAB
+    found = vocab_fingerprint(path)
+    if found is None:
+      raise UserError(f"{path} is missing: the checkpoint at step {step} only works with the"
+                      " vocabulary it was trained with; put it back from a copy of the run.")
+    if found != recorded:
+      raise UserError(f"{path} is not the vocabulary the checkpoint at step {step} was trained"
+                      f" with (sha256 {found[:12]}..., recorded {recorded[:12]}...); put back the"
+                      " run's vocab/ or train in a new --workdir.")
+
   def check_params(self, step: int, params_like) -> None:
     """Raises `UserError` if the parameters saved at `step` do not fit `params_like`.
 
@@ -75,6 +93,7 @@ class Checkpoints:
     names = sorted(saved.keys() | model.keys())
     differ = [(n, saved.get(n), model.get(n)) for n in names if saved.get(n) != model.get(n)]
     if not differ:
+      self.check_vocab(step)  # Same shapes: is it the same vocabulary, too?
       return
     workdir = self.directory.parent
     vocab = _vocab_size(workdir / VOCAB)
@@ -93,7 +112,10 @@ class Checkpoints:
         " a new --workdir.")
 
   def save(self, step: int, state, metrics: dict | None = None) -> None:
-    self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True)
+    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary."""
+    fingerprint = vocab_fingerprint(self.directory.parent / VOCAB)
+    self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
+                      custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
     self.manager.wait_until_finished()
 
   def restore(self, step: int, like):
@@ -229,6 +251,11 @@ def _vocab_size(path: Path) -> int | None:
     return None
   import sentencepiece as spm
   return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
+
+
+def vocab_fingerprint(path: Path) -> str | None:
+  """sha256 of a SentencePiece model file (None if there is none)."""
+  return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def average(trees: list):

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
 from seq2seq import evaluate
-from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
+from seq2seq.checkpoint import VOCAB, Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -453,6 +453,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     checkpoints.close()
     return {"step": latest, "complete": True, "early_stopped": True}
 
+  if latest is not None and not (workdir / VOCAB).is_file():
+    checkpoints.close()  # Retraining it would give the checkpoints a vocabulary of chance.
+    raise UserError(f"{workdir / VOCAB} is missing but {workdir} holds checkpoints trained with"
+                    " it; put it back from a copy of the run, or train in a new --workdir.")
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
   try:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from seq2seq import config as config_lib
 from seq2seq import evaluate, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
@@ -151,3 +153,37 @@ def test_best_checkpoint_is_known_after_a_restart(tmp_path):
   assert reopened.best_step() == 4
   assert reopened.resolve("best") == [4]
   reopened.close()
+
+
+def _foreign_vocab(path):
+  """The same pieces in a file that is not the run's (another run's training options)."""
+  from sentencepiece import sentencepiece_model_pb2
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(path.read_bytes())
+  proto.trainer_spec.model_prefix += "-another-run"
+  path.write_bytes(proto.SerializeToString())
+
+
+def test_a_replaced_or_missing_vocabulary_is_refused(run, tmp_path):
+  import shutil
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  vocab = workdir / "vocab" / "spm.model"
+  _foreign_vocab(vocab)
+  with pytest.raises(UserError) as e:
+    evaluate.Translator(workdir, "latest")
+  assert re.fullmatch(
+      re.escape(f"{vocab} is not the vocabulary the checkpoint at step 4 was trained with") +
+      r" \(sha256 [0-9a-f]{12}\.\.\., recorded [0-9a-f]{12}\.\.\.\); put back the run's vocab/ or"
+      r" train in a new --workdir\.", str(e.value))
+  config = config_lib.from_json((workdir / "config.json").read_text())
+  config.train.num_steps = 6
+  with pytest.raises(UserError, match="is not the vocabulary the checkpoint at step 4"):
+    train.train_and_evaluate(config, workdir)  # Resuming refuses it too.
+  vocab.unlink()
+  before = sorted(p for p in workdir.rglob("*"))
+  with pytest.raises(UserError) as e:
+    train.train_and_evaluate(config, workdir)
+  assert str(e.value) == (f"{vocab} is missing but {workdir} holds checkpoints trained with it;"
+                          " put it back from a copy of the run, or train in a new --workdir.")
+  assert sorted(p for p in workdir.rglob("*")) == before  # Not retrained.
