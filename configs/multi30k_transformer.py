@@ -5,7 +5,7 @@
 
 The recipe (docs/recipe.md has the exploration behind it): d=128, 4+4 pre-LN
 layers, 4 heads, MLP 512, dropout 0.1, a 5,000-piece joint vocabulary,
-4,096-token batches, 2,000 steps (about 13 epochs) at a peak learning rate of
+4,096-token batches, 1,800 steps (about 11.5 epochs) at a peak learning rate of
 2e-3, and a checkpoint every 200 steps so that the last ones can be averaged
 (`scripts/evaluate.py --checkpoint=avg:5`). On a 2-core CPU, d=128 trains about
 twice as many tokens per second as d=256 (`scripts/benchmark.py`), which buys
@@ -25,10 +25,10 @@ def get_config():
   c.model.dropout_rate = 0.1
   c.data.vocab_size = 5000
   c.data.tokens_per_batch = 4096
-  c.train.num_steps = 2000
+  c.train.num_steps = 1800
   c.train.warmup_steps = 600
   c.train.learning_rate = 2e-3
-  c.eval.every_steps = 500
+  c.eval.every_steps = 600
   c.checkpoint.every_steps = 200
   c.checkpoint.keep = 10
   return c
