@@ -24,6 +24,7 @@ from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
+from seq2seq.train_state import make_optimizer, new_train_state
 
 
 def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Sequence[dict],
@@ -191,12 +192,10 @@ def plot_alignment(translator: Translator, text: str, path: str | Path) -> Path:
 
 def _restore_params(workdir: Path, spec: str, config, params_like):
   """The parameters of the checkpoint(s) `spec` names, averaged when several."""
-  from seq2seq import train  # The train state's layout is the trainer's.
-
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:
     steps = checkpoints.resolve(spec)
-    state_like = train.new_train_state(params_like, train.make_optimizer(config.train))
+    state_like = new_train_state(params_like, make_optimizer(config.train))
     for step in steps:
       checkpoints.check_params(step, params_like)
     params = average([checkpoints.restore(step, state_like).params for step in steps])

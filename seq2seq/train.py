@@ -19,7 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -37,39 +36,15 @@ from seq2seq.checkpoint import VOCAB, Checkpoints, check_run_config, save_run_co
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
+from seq2seq.train_state import (  # noqa: F401 (re-exported: the trainer's layout)
+    TrainState,
+    learning_rate_schedule,
+    make_optimizer,
+    new_train_state,
+)
 from seq2seq.workdir_lock import WorkdirLock
 
 log = logging.getLogger("seq2seq")
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jnp.ndarray  # scalar int32: optimizer steps taken
-  params: nnx.State
-  opt_state: optax.OptState
-
-
-def new_train_state(params: nnx.State, optimizer: optax.GradientTransformation) -> TrainState:
-  """Step 0: the given parameters and a fresh optimizer state."""
-  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-
-
-def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to `t.learning_rate`, then inverse-square-root decay (Vaswani et al.)."""
-  warmup = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
-
-  def inverse_sqrt(steps_after_warmup):
-    # join_schedules evaluates this before the boundary too (negative steps): keep it finite.
-    elapsed = jnp.maximum(t.warmup_steps + steps_after_warmup, 1)
-    return t.learning_rate * jnp.sqrt(jnp.maximum(t.warmup_steps, 1) / elapsed)
-
-  return optax.join_schedules([warmup, inverse_sqrt], [t.warmup_steps])
-
-
-def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  adam = optax.adamw(learning_rate_schedule(t), b1=t.adam_b1, b2=t.adam_b2, eps=t.adam_eps,
-                     weight_decay=t.weight_decay)
-  return optax.chain(optax.clip_by_global_norm(t.clip_norm), adam) if t.clip_norm else adam
 
 
 def cross_entropy(logits, targets, label_smoothing: float):

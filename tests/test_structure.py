@@ -1,0 +1,61 @@
+"""The package's import graph has no cycle: every module can be read, and changed, on its own."""
+
+import ast
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "seq2seq"
+
+
+def _module_name(path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+  """{module: the seq2seq modules it imports}, from the source (nothing is executed)."""
+  modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  graph = {}
+  for name, path in modules.items():
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seq2seq"):
+        for alias in node.names:  # `from seq2seq import train` names a module.
+          full = f"{node.module}.{alias.name}"
+          deps.add(full if full in modules else node.module)
+      elif isinstance(node, ast.Import):
+        deps |= {a.name for a in node.names if a.name.startswith("seq2seq")}
+    graph[name] = deps - {name}
+  return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One import cycle as [a, b, ..., a], or None."""
+  state = {}
+
+  def visit(node, path):
+    state[node] = "open"
+    for dep in sorted(graph.get(node, ())):
+      if state.get(dep) == "open":
+        return path[path.index(dep):] + [dep]
+      if dep not in state and (cycle := visit(dep, path + [dep])):
+        return cycle
+    state[node] = "done"
+    return None
+
+  for node in sorted(graph):
+    if node not in state and (cycle := visit(node, [node])):
+      return cycle
+  return None
+
+
+def test_find_cycle_finds_one():
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_package_has_no_import_cycle():
+  graph = import_graph()
+  assert {"seq2seq.train", "seq2seq.evaluate", "seq2seq.train_state"} <= graph.keys()
+  assert "seq2seq.evaluate" in graph["seq2seq.train"]  # The graph does see imports.
+  assert find_cycle(graph) is None
