@@ -176,7 +176,10 @@ class Checkpoints:
     if spec == "best":
       best = self.best_step()
       return [best if best is not None else steps[-1]]
-    if spec.startswith("avg:") and spec[4:].isdigit() and int(spec[4:]) > 0:
+    if spec.startswith("avg:") and spec[4:].isdigit():
+      if int(spec[4:]) == 0:
+        raise UserError(f"--checkpoint={spec} averages no checkpoint; N of avg:N must be 1 to"
+                        f" {len(steps)}, the checkpoints {self.directory} holds.")
       if int(spec[4:]) > len(steps):
         raise UserError(f"--checkpoint={spec} averages {spec[4:]} checkpoints but {self.directory}"
                         f" holds {len(steps)} (steps {', '.join(map(str, steps))}); use"

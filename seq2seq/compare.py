@@ -75,7 +75,12 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   workdirs = [Path(w) for w in workdirs if (Path(w) / "config.json").exists()]
   if not workdirs:
     raise UserError("No training runs among the given directories; pass run workdirs.")
+  if baseline and not (Path(baseline) / "config.json").exists():
+    raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
+                    " the compared workdirs.")
   baseline = Path(baseline) if baseline else workdirs[0]
+  if baseline not in workdirs:
+    workdirs.append(baseline)
   workdirs = [baseline] + [w for w in workdirs if w != baseline]  # The baseline's row first.
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,15 @@ ATTENTION_BY_FAMILY = {
     "rnn": ("none", "dot", "scaled_dot", "general", "concat", "location"),
 }
 RNN_CELLS = ("lstm", "gru")
+# Names from the papers, pointed at the variant that implements them: (name here, what it is).
+PAPER_NAMES = {
+    "bahdanau": ("concat", "Bahdanau et al.'s additive attention"),
+    "additive": ("concat", "additive attention"),
+    "luong": ("general", "Luong et al.'s bilinear (general) attention"),
+    "multiplicative": ("general", "multiplicative attention"),
+    "vaswani": ("scaled_dot", "Vaswani et al.'s scaled dot-product attention"),
+    "sutskever": ("none", "Sutskever et al.'s fixed-vector encoder-decoder"),
+}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -186,8 +195,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f" use one of: {', '.join(FAMILIES)}.")
   valid = ATTENTION_BY_FAMILY[m.family]
   if m.attention not in valid:
+    paper = PAPER_NAMES.get(m.attention.lower())
+    hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
     raise UserError(f"config.model.attention={m.attention!r} is not available for the"
-                    f" {m.family}; use one of: {', '.join(valid)}.")
+                    f" {m.family}; use one of: {', '.join(valid)}.{hint}")
   positive = {
       "model.emb_dim": m.emb_dim, "model.num_heads": m.num_heads,
       "model.num_encoder_layers": m.num_encoder_layers,

@@ -7,6 +7,7 @@ an average of several) and translates text with greedy or beam search.
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.train_state import make_optimizer, new_train_state
+
+log = logging.getLogger("seq2seq")
 
 
 def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Sequence[dict],
@@ -98,6 +101,11 @@ class Translator:
     if not config_path.exists():
       raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
                       " that scripts/train.py wrote.")
+    if beam_size < 1:
+      raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
+    if alpha < 0:
+      raise UserError(f"--alpha={alpha} must not be negative (0: no length penalty; 0.6 is"
+                      " usual).")
     if not 1 <= nbest <= beam_size:
       raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
     if sample_seed is not None and (nbest > 1 or temperature <= 0 or top_k < 0):
@@ -152,8 +160,14 @@ class Translator:
     translation is the empty string.
     """
     todo = [i for i, text in enumerate(texts) if text.strip()]
-    translated = self.translate_ids([np.asarray(self.tokenizer.encode(texts[i]), np.int32)
-                                     for i in todo])
+    src_ids = [np.asarray(self.tokenizer.encode(texts[i]), np.int32) for i in todo]
+    longest = self.config.model.max_len - 1  # With EOS, a source fills model.max_len.
+    cut = sum(len(ids) > longest for ids in src_ids)
+    if cut:
+      log.warning("%d of %d source lines are longer than %d subwords (config.model.max_len=%d"
+                  " with EOS) and were cut to fit; their translations cover only the start.",
+                  cut, len(texts), longest, self.config.model.max_len)
+    translated = self.translate_ids(src_ids)
     results = [[("", 0.0)] * self.nbest for _ in texts]
     for i, nbest in zip(todo, translated, strict=True):
       results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]

