@@ -1,10 +1,15 @@
 """Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
 
   python scripts/compare.py runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR]
+      [--test_set=NAME=SRC,REF ...]
 
-Evaluates each run's best checkpoint (reusing evaluation files already written)
-and writes comparison.md, comparison.csv, bleu.png, curves.png and
-attention.png to --out (default: the first run's parent directory).
+Evaluates each run's best checkpoint on val, --split and every --test_set
+(reusing evaluation files already written) and writes comparison.md,
+comparison.csv (columns: the config fields that differ between the runs, then
+per set BLEU, chrF, a 95% interval and the paired bootstrap p-value), seeds.csv
+(when runs differ in train.seed: mean, sd and Welch's t-test per variant),
+length.csv, length.png, bleu.png, curves.png and attention.png to --out
+(default: the first run's parent directory).
 """
 
 from pathlib import Path
@@ -12,7 +17,7 @@ from pathlib import Path
 from absl import app, flags
 
 from seq2seq.cli import parse_flags, run_main
-from seq2seq.compare import compare_runs
+from seq2seq.compare import compare_runs, parse_test_set
 from seq2seq.errors import UserError
 
 _BASELINE = flags.DEFINE_string("baseline", "", "Run the others are tested against"
@@ -21,6 +26,8 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["val", "test"], "Split of the table
 _OUT = flags.DEFINE_string("out", "", "Output directory.")
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of every evaluation.")
 _SAMPLES = flags.DEFINE_integer("bootstrap_samples", 1000, "Paired bootstrap resamples.")
+_TEST_SETS = flags.DEFINE_multi_string("test_set", [], "NAME=SRC,REF: score every run on these"
+                                       " files too (repeatable).")
 
 
 def main(argv):
@@ -30,11 +37,12 @@ def main(argv):
     if not runs:
       raise UserError("Pass the run directories to compare, e.g. runs/rnn_attention/*.")
     out = _OUT.value or str(Path(runs[0]).parent)
+    test_sets = [parse_test_set(spec) for spec in _TEST_SETS.value]
     rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
-                        beam_size=_BEAM.value, n_samples=_SAMPLES.value)
+                        test_sets=test_sets, beam_size=_BEAM.value, n_samples=_SAMPLES.value)
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
-    print(f"{len(rows)} runs; wrote comparison.md, comparison.csv, bleu.png, curves.png,"
-          f" attention.png to {out}")
+    print(f"{len(rows)} runs; wrote comparison.md, comparison.csv, length.csv, length.png,"
+          f" bleu.png, curves.png, attention.png to {out}")
 
   run_main(compare)
 

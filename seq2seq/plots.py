@@ -62,6 +62,20 @@ def training_curves(curves: dict[str, Sequence[tuple[int, float, float]]],
   return _save(fig, path)
 
 
+def length_chart(lines: dict[str, Sequence[tuple[str, float | None]]], path: str | Path,
+                 ylabel: str = "BLEU") -> Path:
+  """BLEU by source-length bucket, one line per run: `{run: [(bucket, bleu or None)]}`."""
+  fig, ax = plt.subplots(figsize=(6, 3.8))
+  for name, points in lines.items():
+    buckets = [b for b, _ in points]
+    ax.plot(range(len(buckets)), [np.nan if v is None else v for _, v in points], marker="o",
+            label=name)
+    ax.set_xticks(range(len(buckets)), buckets)
+  ax.set(xlabel="source sentence length (words)", ylabel=ylabel)
+  ax.legend(fontsize=7)
+  return _save(fig, path)
+
+
 def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str],
                                                   Sequence[str]]], path: str | Path) -> Path:
   """One heatmap per run: `(name, weights [tgt_len, src_len], src tokens, tgt tokens)`."""

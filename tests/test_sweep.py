@@ -61,10 +61,13 @@ def test_compare_writes_table_and_pictures(swept):
   rows = compare.compare_runs(runs, root / "report", split="val", beam_size=2, n_samples=100)
   with open(root / "report" / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
-  assert list(table[0]) == compare.COLUMNS
+  assert list(table[0]) == ["run", "model.attention", "parameters", "steps", "train_minutes",
+                            "tokens_per_sec", "val_bleu", "val_chrf", "val_bleu_ci95",
+                            "val_p_value"]
   assert [r["run"] for r in table] == ["attention-scaled_dot", "attention-dot"]
-  assert rows[0]["p_value"] is None  # the baseline itself
-  for name in ("bleu.png", "curves.png", "attention.png"):
+  assert [r["model.attention"] for r in table] == ["scaled_dot", "dot"]
+  assert rows[0]["val_p_value"] is None  # the baseline itself
+  for name in ("bleu.png", "curves.png", "attention.png", "length.png"):
     assert (root / "report" / name).read_bytes()[:8] == PNG
   assert "paired bootstrap" in (root / "report" / "comparison.md").read_text()
 
@@ -72,8 +75,8 @@ def test_compare_writes_table_and_pictures(swept):
 def test_a_run_against_itself_is_not_significant(swept):
   _, root, _ = swept
   run = root / "attention-dot"
-  hyps = compare._evaluation(run, "val", 2, 0.6)[1]
-  references = compare._references(load_config("tiny"), "val")[:len(hyps)]
+  hyps = compare._evaluation(run, compare.TestSet("val"), 2, 0.6)[1]
+  references = compare._text(load_config("tiny"), compare.TestSet("val"))[1]
   perfect = list(references)
   result = compare._significance(hyps, {"itself": list(hyps), "other": perfect}, references, 100)
   assert result["itself"][1] == 1.0
