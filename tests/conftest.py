@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TFDS_EXTRA = "TFDS tests need the optional extra: pip install -e '.[tfds]'"
 
 
 def load_config(name: str):

@@ -80,7 +80,8 @@ def test_local_attention_steps_at_cache_positions():
 
 
 def _keras():
-  keras = pytest.importorskip("keras")
+  keras = pytest.importorskip("keras", reason="Keras comes with the [tfds] extra's TensorFlow:"
+                              " pip install -e '.[tfds]'")
   import tensorflow as tf  # noqa: F401  (Keras' TensorFlow backend)
   return keras
 

@@ -14,6 +14,7 @@ from seq2seq.config import base_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
+from tests.conftest import TFDS_EXTRA
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 WORDS = ("ein mann eine frau hund katze läuft sitzt auf dem roten blauen grünen ball"
@@ -169,7 +170,7 @@ def test_tensorflow_not_imported_without_tfds():
 
 
 def test_tfds_mock(tmp_path):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  tfds = pytest.importorskip("tensorflow_datasets", reason=TFDS_EXTRA)
   config = _data_config(corpus="tfds:wmt14_translate/de-en", src_lang="en", tgt_lang="de")
   with tfds.testing.mock_data(num_examples=8):
     text = corpus.read_split(config, "train")
@@ -332,3 +333,13 @@ def test_eval_batches_cover_split_once():
     for k in ("src", "tgt_in", "tgt_out"):
       assert b[k].shape[1] <= 16 and (b[k] != PAD_ID).sum(axis=1).max() <= 10
   assert sorted(i for b in truncated for i in b["index"] if i >= 0) == list(range(103))
+
+
+def test_tfds_without_the_extra_says_how_to_install_it(monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # As if not installed.
+  config = _data_config(corpus="tfds:wmt14_translate/de-en", src_lang="en", tgt_lang="de")
+  with pytest.raises(UserError) as e:
+    corpus.read_split(config, "train")
+  assert str(e.value) == ("config.data.corpus='tfds:wmt14_translate/de-en' needs TensorFlow"
+                          " Datasets, an optional extra; install it with pip install -e"
+                          " \".[tfds]\".")

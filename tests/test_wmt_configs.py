@@ -10,7 +10,7 @@ from seq2seq import config as config_lib
 from seq2seq import train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.evaluate import run_evaluation
-from tests.conftest import ROOT, load_config
+from tests.conftest import ROOT, TFDS_EXTRA, load_config
 from tests.test_train import read_metrics
 
 CONFIGS = {"wmt14_ende_transformer_base": (512, 8, 2048, 0.1, 5),
@@ -63,7 +63,7 @@ def _shrunk(name: str):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_trains_on_mock_wmt14(tmp_path, name):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  tfds = pytest.importorskip("tensorflow_datasets", reason=TFDS_EXTRA)
   c = _shrunk(name)
   c.eval.beam_size = 1  # Greedy validation compiles faster; the slow test below uses beam 4.
   with tfds.testing.mock_data(num_examples=24):
@@ -76,7 +76,7 @@ def test_config_trains_on_mock_wmt14(tmp_path, name):
 
 @pytest.mark.slow  # beam search compiled twice
 def test_docstring_evaluation_averages_checkpoints_on_mock_wmt14(tmp_path):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  tfds = pytest.importorskip("tensorflow_datasets", reason=TFDS_EXTRA)
   c = _shrunk("wmt14_ende_transformer_base")
   c.train.num_steps = 3
   with tfds.testing.mock_data(num_examples=24):

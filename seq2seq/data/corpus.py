@@ -128,7 +128,11 @@ def _read_lines(path: Path) -> list[str]:
 
 def _read_tfds(data_config: ml_collections.ConfigDict, name: str, split: str,
                limit: int) -> ParallelText:
-  import tensorflow_datasets as tfds  # Slow, and pulls in TensorFlow: only here.
+  try:
+    import tensorflow_datasets as tfds  # Slow, and pulls in TensorFlow: only here.
+  except ImportError:
+    raise UserError(f"config.data.corpus='tfds:{name}' needs TensorFlow Datasets, an optional"
+                    " extra; install it with pip install -e \".[tfds]\".") from None
 
   data_dir = data_config.tfds_data_dir or None
   try:
