@@ -10,14 +10,12 @@ import json
 
 import ml_collections
 
+from seq2seq import models
 from seq2seq.errors import UserError
 
-FAMILIES = ("transformer", "rnn")
-# Valid `config.model.attention` names per family; grows with the registry.
-ATTENTION_BY_FAMILY = {
-    "transformer": ("scaled_dot", "dot", "general", "concat", "linear", "local"),
-    "rnn": ("none", "dot", "scaled_dot", "general", "concat", "location"),
-}
+# Valid `config.model.attention` names per family: what each model declares it takes.
+FAMILIES = tuple(models.ATTENTION_BY_FAMILY)
+ATTENTION_BY_FAMILY = models.ATTENTION_BY_FAMILY
 RNN_CELLS = ("lstm", "gru")
 # Names from the papers, pointed at the variant that implements them: (name here, what it is).
 PAPER_NAMES = {

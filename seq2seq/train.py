@@ -31,16 +31,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate
+from seq2seq import evaluate, models
 from seq2seq.checkpoint import VOCAB, Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
+from seq2seq.models.attention import VARIANTS
 from seq2seq.train_state import (  # noqa: F401 (re-exported: the trainer's layout)
-    TrainState,
-    learning_rate_schedule,
-    make_optimizer,
-    new_train_state,
+  TrainState,
+  learning_rate_schedule,
+  make_optimizer,
+  new_train_state,
 )
 from seq2seq.workdir_lock import WorkdirLock
 
@@ -398,13 +399,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     was already complete.
   """
   config_lib.validate(config)
-  if config.data.pack and config.model.family != "transformer":
-    raise UserError(f"config.data.pack=True packs several sentences per row, which only the"
-                    f" Transformer can separate; the {config.model.family} family needs"
+  if config.data.pack and not models.PACKS[config.model.family]:
+    raise UserError(f"config.data.pack=True packs several sentences per row, which the"
+                    f" {config.model.family} family cannot keep apart; it needs"
                     " --config.data.pack=False.")
-  if config.data.pack and config.model.attention == "linear":
+  if config.data.pack and not VARIANTS[config.model.attention].packs:
     raise UserError("config.data.pack=True needs attention that can be masked per sentence;"
-                    " `linear` cannot: use another config.model.attention or pack=False.")
+                    f" `{config.model.attention}` cannot: use another config.model.attention or"
+                    " pack=False.")
   initialize_distributed(config.distributed)  # Before anything touches a device.
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.

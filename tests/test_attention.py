@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from seq2seq import config as config_lib
-from seq2seq.models import attention, masks
+from seq2seq.models import attention, build_model, masks
 
 KEY_IDS = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # PAD = 0
 B, H, D = 2, 2, 8
@@ -20,10 +20,18 @@ def qkv(q_len, k_len, seed=0):
 
 
 def test_registry_covers_every_configured_variant():
-  special = {"linear", "local", "none"}
-  for family, names in config_lib.ATTENTION_BY_FAMILY.items():
-    for name in names:
-      assert name in attention.SCORES or name in special, (family, name)
+  assert set(config_lib.ATTENTION_BY_FAMILY["transformer"]) <= set(attention.VARIANTS)
+  assert set(config_lib.ATTENTION_BY_FAMILY["rnn"]) <= set(attention.SCORES) | {"none"}
+  assert set(attention.SCORES) <= set(attention.VARIANTS)  # A new score is a variant.
+
+
+def test_cross_attention_of_local_is_full_scaled_dot():
+  c = config_lib.base_config()
+  c.model.attention = "local"
+  model = build_model(c, 50)
+  layer = model.decoder_layers[0]
+  assert layer.self_attention.attention == "local"
+  assert layer.cross_attention.attention == "scaled_dot"
 
 
 @pytest.mark.parametrize("name", config_lib.ATTENTION_BY_FAMILY["transformer"])

@@ -24,10 +24,10 @@ def test_shipped_configs_are_valid(name):
      " scaled_dot, dot, general, concat, linear, local."),
     ("rnn", "linear",
      "config.model.attention='linear' is not available for the rnn; use one of:"
-     " none, dot, scaled_dot, general, concat, location."),
+     " none, scaled_dot, dot, general, concat, location."),
     ("rnn", "bahdanau",
      "config.model.attention='bahdanau' is not available for the rnn; use one of:"
-     " none, dot, scaled_dot, general, concat, location. (Bahdanau et al.'s additive attention"
+     " none, scaled_dot, dot, general, concat, location. (Bahdanau et al.'s additive attention"
      " is 'concat' here.)"),
     ("transformer", "Luong",
      "config.model.attention='Luong' is not available for the transformer; use one of:"

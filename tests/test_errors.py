@@ -253,6 +253,15 @@ CASES = [
     ("--nbest above --beam_size",
      lambda r, t, v: evaluate.Translator(r, "latest", beam_size=2, nbest=3),
      "--nbest=3 must be between 1 and --beam_size=2."),
+    ("packing an RNN", lambda r, t, v: train_with(t / "new", data__pack=True,
+                                                  model__family="rnn",
+                                                  model__attention="general"),
+     "config.data.pack=True packs several sentences per row, which the rnn family cannot keep"
+     " apart; it needs --config.data.pack=False."),
+    ("packing linear attention", lambda r, t, v: train_with(t / "new", data__pack=True,
+                                                            model__attention="linear"),
+     "config.data.pack=True needs attention that can be masked per sentence; `linear` cannot:"
+     " use another config.model.attention or pack=False."),
     ("--beam_size=0", lambda r, t, v: evaluate.Translator(r, "latest", beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),
     ("negative --alpha", lambda r, t, v: evaluate.run_evaluation(r, alpha=-1.0),

@@ -4,10 +4,14 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from seq2seq.models import rnn, transformer
 from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
 
 FAMILIES = {"transformer": Transformer, "rnn": RNN}
+# What each family declares it can do; config validation and the trainer read these.
+ATTENTION_BY_FAMILY = {"transformer": transformer.ATTENTION_NAMES, "rnn": rnn.ATTENTION_NAMES}
+PACKS = {"transformer": transformer.PACKS, "rnn": rnn.PACKS}
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):

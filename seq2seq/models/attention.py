@@ -7,8 +7,14 @@ A score is three small functions in the `SCORES` registry:
   `score(query, keys', params) -> scores`,
 with `query [batch, heads, q, d]`, `keys [batch, heads, k, d]` and scores
 `[batch, heads, q, k]`. Masking, the softmax and the weighted sum happen in
-`attend`, the one place they live. Two Transformer variants replace the
-softmax altogether: `linear` (kernelized, O(n)) and `local` (a window).
+`attend`, the one place they live.
+
+`VARIANTS` is the one registry `config.model.attention` names: every softmax
+score above, and the variants that replace the softmax kernel altogether,
+`linear` (kernelized, O(n)) and `local` (a window). Each entry says how it
+attends, whether it can keep packed sentences apart, and what cross-attention
+uses in its place. A new softmax score is one function and one `SCORES` entry;
+it is then a variant, tested by every test that loops over the registry.
 """
 
 from collections.abc import Callable
@@ -83,8 +89,8 @@ def location_score(query, keys, params):
 
 
 SCORES: dict[str, Score] = {
-    "dot": Score(_no_params, _keys_as_they_are, dot_score),
     "scaled_dot": Score(_no_params, _keys_as_they_are, scaled_dot_score),
+    "dot": Score(_no_params, _keys_as_they_are, dot_score),
     "general": Score(
         lambda h, d, n, rngs: ScoreParams(w=_normal(rngs, (h, d, d), d)),
         general_prepare, dot_score),
@@ -219,6 +225,46 @@ def local_attention(query, keys, values, mask: Mask, window: int):
   return context, weights
 
 
+class Variant(NamedTuple):
+  """An attention variant: the score's parameters and key preparation, and its kernel.
+
+  attend: `(query, prepared keys, values, mask: Mask, params, window) -> (context, weights)`.
+  weight_dropout: attention dropout applies to its (softmax) weights.
+  packs: it keeps packed sentences apart (segment ids), so rows may be packed.
+  cross: the variant that cross-attention uses instead (None: this one).
+  """
+  init: Callable[..., ScoreParams | None]
+  prepare: Callable[[jnp.ndarray, Any], jnp.ndarray]
+  attend: Callable[..., tuple[jnp.ndarray, jnp.ndarray]]
+  weight_dropout: bool = True
+  packs: bool = True
+  cross: str | None = None
+
+
+def _softmax_variant(score: Score) -> Variant:
+  def attend_with_score(query, keys, values, mask: Mask, params, window):
+    del window
+    return attend(score, query, keys, values, mask.dense(query.shape[2]), params)
+  return Variant(score.init, score.prepare, attend_with_score)
+
+
+VARIANTS: dict[str, Variant] = {
+    **{name: _softmax_variant(score) for name, score in SCORES.items()},
+    "linear": Variant(
+        _no_params, _keys_as_they_are,
+        lambda query, keys, values, mask, params, window: linear_attention(query, keys, values,
+                                                                           mask),
+        weight_dropout=False, packs=False),
+    # A window over source positions would not follow the alignment between the two
+    # sentences, so cross-attention stays full scaled dot-product attention.
+    "local": Variant(
+        _no_params, _keys_as_they_are,
+        lambda query, keys, values, mask, params, window: local_attention(query, keys, values,
+                                                                          mask, window),
+        weight_dropout=False, cross="scaled_dot"),
+}
+
+
 def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
   """`[batch, length, heads * d]` -> `[batch, heads, length, d]`."""
   b, length, _ = x.shape
@@ -242,20 +288,21 @@ class MultiHeadAttention(nnx.Module):
   def __init__(self, dim: int, num_heads: int, *, attention: str, dropout_rate: float,
                rngs: nnx.Rngs, max_keys: int = 0, window: int = 0, dtype: Any = None):
     self.num_heads = num_heads
-    self.attention = attention
+    self.attention = attention  # The name (static); `variant` looks it up.
     self.window = window
     head_dim = dim // num_heads
-    self.score_params = (SCORES[attention].init(num_heads, head_dim, max_keys, rngs)
-                         if attention in SCORES else None)
+    self.score_params = self.variant.init(num_heads, head_dim, max_keys, rngs)
     linear = lambda: nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = linear(), linear(), linear(), linear()
     self.dropout = nnx.Dropout(dropout_rate)
 
+  @property
+  def variant(self) -> Variant:
+    return VARIANTS[self.attention]
+
   def project_kv(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`[batch, k, dim]` -> (prepared keys, values), each `[batch, heads, k, head_dim]`."""
-    keys = split_heads(self.key(x), self.num_heads)
-    if self.attention in SCORES:
-      keys = SCORES[self.attention].prepare(keys, self.score_params)
+    keys = self.variant.prepare(split_heads(self.key(x), self.num_heads), self.score_params)
     return keys, split_heads(self.value(x), self.num_heads)
 
   def __call__(self, x, keys, values, mask: Mask, *, rngs: nnx.Rngs | None = None,
@@ -265,16 +312,11 @@ class MultiHeadAttention(nnx.Module):
     Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked.
     """
     query = split_heads(self.query(x), self.num_heads)
-    if self.attention == "linear":
-      context, weights = linear_attention(query, keys, values, mask)
-    elif self.attention == "local":
-      context, weights = local_attention(query, keys, values, mask, self.window)
-    else:
-      context, weights = attend(SCORES[self.attention], query, keys, values,
-                                mask.dense(query.shape[2]), self.score_params)
-      # Dropout on the attention weights only changes the weighted sum.
-      if rngs is not None and self.dropout.rate > 0:
-        dropped = self.dropout(weights, deterministic=False, rngs=rngs)
-        context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
+    context, weights = self.variant.attend(query, keys, values, mask, self.score_params,
+                                           self.window)
+    # Dropout on the attention weights only changes the weighted sum.
+    if rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout:
+      dropped = self.dropout(weights, deterministic=False, rngs=rngs)
+      context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
     out = self.out(merge_heads(context))
     return (out, weights) if return_weights else out

@@ -31,6 +31,9 @@ from seq2seq.models.attention import SCORES, attend
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
+# The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
+ATTENTION_NAMES = ("none", *SCORES)
+PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
 
 
 class Memory(NamedTuple):

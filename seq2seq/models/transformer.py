@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.models import masks
-from seq2seq.models.attention import MultiHeadAttention
+from seq2seq.models.attention import VARIANTS, MultiHeadAttention
 
 KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
 
@@ -74,10 +74,15 @@ class Sublayers(nnx.Module):
     return x if self.pre_ln else self.norms[i](x)
 
 
+# The variants the Transformer takes: every registry entry but `location`, whose score
+# reads a query's position weights from the query alone (an RNN decoder's alignment model).
+ATTENTION_NAMES = tuple(name for name in VARIANTS if name != "location")
+PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
+
+
 def _attention(cfg, rngs, dtype, *, cross: bool = False):
-  # A window over positions means nothing between source and target positions:
-  # with `local`, cross-attention stays full scaled dot-product attention.
-  attention = "scaled_dot" if cross and cfg.attention == "local" else cfg.attention
+  # A variant may name another for cross-attention (`local` keeps it full: VARIANTS).
+  attention = (VARIANTS[cfg.attention].cross or cfg.attention) if cross else cfg.attention
   return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
                             dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
                             max_keys=cfg.max_len, window=cfg.attention_window, dtype=dtype)
