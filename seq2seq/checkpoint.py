@@ -259,8 +259,3 @@ def _vocab_size(path: Path) -> int | None:
 def vocab_fingerprint(path: Path) -> str | None:
   """sha256 of a SentencePiece model file (None if there is none)."""
   return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def average(trees: list):
-  """Element-wise mean of parameter pytrees of one structure (checkpoint averaging)."""
-  return jax.tree.map(lambda *leaves: sum(leaves) / len(leaves), *trees)

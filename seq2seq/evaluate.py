@@ -20,7 +20,7 @@ from flax import nnx
 
 from seq2seq import config as config_lib
 from seq2seq import decoding
-from seq2seq.checkpoint import VOCAB, Checkpoints, average
+from seq2seq.checkpoint import VOCAB, Checkpoints
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from seq2seq.errors import UserError
@@ -209,10 +209,16 @@ def _restore_params(workdir: Path, spec: str, config, params_like):
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:
     steps = checkpoints.resolve(spec)
-    state_like = new_train_state(params_like, make_optimizer(config.train))
+    # Shapes only: no optimizer state is built (orbax still reads each step's).
+    state_like = jax.eval_shape(lambda: new_train_state(params_like,
+                                                        make_optimizer(config.train)))
     for step in steps:
       checkpoints.check_params(step, params_like)
-    params = average([checkpoints.restore(step, state_like).params for step in steps])
+    total = None  # A running sum: avg:N holds two parameter copies, not N.
+    for step in steps:
+      params = checkpoints.restore(step, state_like).params
+      total = params if total is None else jax.tree.map(jnp.add, total, params)
+    params = jax.tree.map(lambda x: x / len(steps), total)
   finally:
     checkpoints.close()
   return steps, params
