@@ -28,6 +28,11 @@ logging.getLogger("absl").addFilter(
     lambda record: "did not provide metrics" not in record.getMessage())
 
 
+class _MetadataOnly(logging.Filter):
+  def filter(self, record):
+    return "could not be restored" not in record.getMessage()
+
+
 class Checkpoints:
   """Save, list and restore a run's train states."""
 
@@ -68,7 +73,14 @@ class Checkpoints:
   def check_vocab(self, step: int) -> None:
     """Raises `UserError` if the run's vocabulary is missing or is not the one the
     checkpoint at `step` was trained with (by its recorded sha256)."""
-    recorded = (self.manager.metadata(step).custom_metadata or {}).get(VOCAB_FINGERPRINT)
+    absl_log = logging.getLogger("absl")
+    quiet = _MetadataOnly()  # Reading step metadata alone makes orbax warn about its items.
+    absl_log.addFilter(quiet)
+    try:
+      metadata = self.manager.metadata(step)
+    finally:
+      absl_log.removeFilter(quiet)
+    recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
     if recorded is None:
       return  # Saved before fingerprints were recorded.
     path = self.directory.parent / VOCAB
