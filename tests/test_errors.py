@@ -162,8 +162,8 @@ CASES = [
      "config.eval.split='dev' is not a split; use one of: train, val, test."),
     ("attention not of the family",
      lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
-     "config.model.attention='linear' is not available for the rnn; use one of: none, dot,"
-     " scaled_dot, general, concat, location."),
+     "config.model.attention='linear' is not available for the rnn; use one of: none,"
+     " scaled_dot, dot, general, concat, location."),
     # Corpus files.
     ("no corpus directory", lambda r, t, v: train_with(t / "new", data__corpus=str(t / "none")),
      "config.data.corpus='{tmp}/none' is not \"multi30k\", \"tfds:<name>\" or an existing"

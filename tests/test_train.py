@@ -241,7 +241,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
   assert "resumed from step 2 instead" in warning[0]
   assert (tmp_path / "damaged_checkpoints" / "4" / "default").is_dir()
   steps = [r["step"] for r in read_metrics(tmp_path) if r["split"] == "train"]
-  assert steps == [1, 2, 3, 4, 3, 4, 5, 6]  # steps 3-4 trained again from step 2
+  # Steps 3-4 were trained again from step 2: their first records are dropped, not repeated.
+  assert steps == [1, 2, 3, 4, 5, 6]
+  assert [r["step"] for r in read_metrics(tmp_path) if r["split"] == "val"] == [2, 4, 6]
   assert result["step"] == 6 and Checkpoints(tmp_path, keep=2).all_steps()[-1] == 6
 
 
