@@ -17,15 +17,7 @@ from seq2seq.errors import UserError
 FAMILIES = tuple(models.ATTENTION_BY_FAMILY)
 ATTENTION_BY_FAMILY = models.ATTENTION_BY_FAMILY
 RNN_CELLS = ("lstm", "gru")
-# Names from the papers, pointed at the variant that implements them: (name here, what it is).
-PAPER_NAMES = {
-    "bahdanau": ("concat", "Bahdanau et al.'s additive attention"),
-    "additive": ("concat", "additive attention"),
-    "luong": ("general", "Luong et al.'s bilinear (general) attention"),
-    "multiplicative": ("general", "multiplicative attention"),
-    "vaswani": ("scaled_dot", "Vaswani et al.'s scaled dot-product attention"),
-    "sutskever": ("none", "Sutskever et al.'s fixed-vector encoder-decoder"),
-}
+RNN_QUERY_STATES = ("auto", "previous", "current")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -52,6 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
   m.bidirectional = True  # Bidirectional encoder (directions merged for attention).
   m.bridge = True  # Decoder starts from tanh(W h_enc_final); False: from zeros.
   m.input_feeding = True  # Feed h~_{t-1} into step t (Luong et al., 3.3).
+  # Which decoder state queries attention: "previous" (s_{t-1}, before the stack, context fed
+  # into it: Bahdanau et al.), "current" (h_t, after the stack: Luong et al.), or "auto":
+  # previous for concat, current for the other scores.
+  m.rnn_query_state = "auto"
   m.reverse_source = False  # Read the source backwards (Sutskever et al., 2014).
 
   c.data = d = ml_collections.ConfigDict()
@@ -193,7 +189,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f" use one of: {', '.join(FAMILIES)}.")
   valid = ATTENTION_BY_FAMILY[m.family]
   if m.attention not in valid:
-    paper = PAPER_NAMES.get(m.attention.lower())
+    paper = models.PAPER_NAMES.get(m.attention.lower())
     hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
     raise UserError(f"config.model.attention={m.attention!r} is not available for the"
                     f" {m.family}; use one of: {', '.join(valid)}.{hint}")
@@ -239,9 +235,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if m.rnn_cell not in RNN_CELLS:
     raise UserError(f"config.model.rnn_cell={m.rnn_cell!r} is not a cell; use one of:"
                     f" {', '.join(RNN_CELLS)}.")
-  if m.family == "transformer" and m.emb_dim % m.num_heads:
-    raise UserError(f"config.model.emb_dim={m.emb_dim} is not divisible by"
-                    f" config.model.num_heads={m.num_heads}; choose sizes where it is.")
+  if m.rnn_query_state not in RNN_QUERY_STATES:
+    raise UserError(f"config.model.rnn_query_state={m.rnn_query_state!r} is not a choice; use"
+                    f" one of: {', '.join(RNN_QUERY_STATES)}.")
+  problem = models.config_problem(m)
+  if problem:
+    raise UserError(problem)
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= m[name] < 1.0:
       raise UserError(f"config.model.{name}={m[name]} must be in [0, 1).")

@@ -54,6 +54,24 @@ def test_bahdanau_scores_with_the_previous_state(tiny_config):
   np.testing.assert_allclose(weights[:, 0], expected[:, 0, 0], atol=1e-6)
 
 
+@pytest.mark.parametrize("name,explicit", [("concat", "previous"), ("general", "current")])
+def test_auto_query_state_is_the_papers_choice(tiny_config, name, explicit):
+  auto = build_model(rnn_config(tiny_config, attention=name), VOCAB)
+  chosen = build_model(rnn_config(tiny_config, attention=name, rnn_query_state=explicit), VOCAB)
+  np.testing.assert_array_equal(auto.decode(auto.encode(SRC), TGT),
+                                chosen.decode(chosen.encode(SRC), TGT))
+
+
+@pytest.mark.parametrize("name,state", [("concat", "current"), ("general", "previous")])
+def test_swapped_query_state_changes_the_model_and_still_steps(tiny_config, name, state):
+  """Luong's scores with Bahdanau's recurrence (and back): a real ablation, decodable."""
+  model = build_model(rnn_config(tiny_config, attention=name, rnn_query_state=state), VOCAB)
+  assert model.query_previous == (state == "previous")
+  assert_stepping_matches_decode(model, SRC, TGT, all_positions=True)
+  paper = build_model(rnn_config(tiny_config, rnn_query_state="auto"), VOCAB)
+  assert not np.allclose(model.decode(model.encode(SRC), TGT), paper.decode(paper.encode(SRC), TGT))
+
+
 def test_reverse_padded_keeps_padding_in_place():
   x = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0]])
   np.testing.assert_array_equal(rnn.reverse_padded(x, jnp.array([3, 2])),

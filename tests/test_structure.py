@@ -59,3 +59,30 @@ def test_the_package_has_no_import_cycle():
   assert {"seq2seq.train", "seq2seq.evaluate", "seq2seq.train_state"} <= graph.keys()
   assert "seq2seq.evaluate" in graph["seq2seq.train"]  # The graph does see imports.
   assert find_cycle(graph) is None
+
+
+def spelled_names(path, names: set[str]) -> list[tuple[int, str]]:
+  """(line, name) of each string constant in `path` that is one of `names`, outside
+  `base_config` (whose defaults are configuration, not dispatch)."""
+  tree = ast.parse(path.read_text(encoding="utf-8"))
+  skipped = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.FunctionDef) and node.name == "base_config":
+      skipped |= {id(n) for n in ast.walk(node)}
+  return [(node.lineno, node.value) for node in ast.walk(tree)
+          if isinstance(node, ast.Constant) and node.value in names and id(node) not in skipped]
+
+
+def test_spelled_names_sees_dispatch_but_not_defaults(tmp_path):
+  module = tmp_path / "m.py"
+  module.write_text('def base_config():\n  x = "rnn"\n\ndef f(c):\n  return c == "rnn"\n')
+  assert spelled_names(module, {"rnn"}) == [(5, "rnn")]
+
+
+def test_no_family_or_variant_is_named_outside_models():
+  from seq2seq import models
+  names = set(models.FAMILIES) | {n for names in models.ATTENTION_BY_FAMILY.values()
+                                  for n in names}
+  found = {str(p.relative_to(ROOT)): spelled for p in PACKAGE.rglob("*.py")
+           if "models" not in p.parts and (spelled := spelled_names(p, names))}
+  assert found == {}

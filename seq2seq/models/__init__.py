@@ -1,17 +1,18 @@
-"""Model families behind one interface; `build_model` picks by config.model.family."""
+"""Model families behind one interface (`Seq2SeqModel`); `build_model` picks one by config."""
 
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from seq2seq.models import rnn, transformer
+from seq2seq.models.attention import PAPER_NAMES as PAPER_NAMES
+from seq2seq.models.interface import Seq2SeqModel
 from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
 
-FAMILIES = {"transformer": Transformer, "rnn": RNN}
+FAMILIES: dict[str, type[Seq2SeqModel]] = {"transformer": Transformer, "rnn": RNN}
 # What each family declares it can do; config validation and the trainer read these.
-ATTENTION_BY_FAMILY = {"transformer": transformer.ATTENTION_NAMES, "rnn": rnn.ATTENTION_NAMES}
-PACKS = {"transformer": transformer.PACKS, "rnn": rnn.PACKS}
+ATTENTION_BY_FAMILY = {name: family.ATTENTION_NAMES for name, family in FAMILIES.items()}
+PACKS = {name: family.PACKS for name, family in FAMILIES.items()}
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):
@@ -25,3 +26,8 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int
   seed = config.train.seed if seed is None else seed
   return FAMILIES[config.model.family](config.model, vocab_size, rngs=nnx.Rngs(params=seed),
                                        dtype=jnp.dtype(config.train.dtype))
+
+
+def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
+  """What `config.model` asks of its family that the family cannot build (one line), if any."""
+  return FAMILIES[cfg.family].config_problem(cfg)

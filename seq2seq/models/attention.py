@@ -320,3 +320,14 @@ class MultiHeadAttention(nnx.Module):
       context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
     out = self.out(merge_heads(context))
     return (out, weights) if return_weights else out
+
+
+# Names from the papers, pointed at the variant that implements them: (name here, what it is).
+PAPER_NAMES = {
+    "bahdanau": ("concat", "Bahdanau et al.'s additive attention"),
+    "additive": ("concat", "additive attention"),
+    "luong": ("general", "Luong et al.'s bilinear (general) attention"),
+    "multiplicative": ("general", "multiplicative attention"),
+    "vaswani": ("scaled_dot", "Vaswani et al.'s scaled dot-product attention"),
+    "sutskever": ("none", "Sutskever et al.'s fixed-vector encoder-decoder"),
+}

@@ -10,7 +10,9 @@ bridge (or from zeros) and, at step t:
   Bahdanau (concat): scores with the *previous* state s_{t-1} and feeds the
     context into the stack: [y_{t-1}; c_t (; h~_{t-1})];
 
-then forms the attentional hidden state h~_t = tanh(W_c [c_t; h_t]) and the
+(`config.model.rnn_query_state` picks the query state; "auto" is previous for
+concat, as Bahdanau et al. built it, and current for the other scores), then
+forms the attentional hidden state h~_t = tanh(W_c [c_t; h_t]) and the
 logits from h~_t. With `none`, c_t is the fixed final encoder state. Without
 input feeding, a Luong decoder's recurrence does not depend on attention, so
 teacher-forced decoding runs the stack once and attends for all steps at once.
@@ -34,6 +36,15 @@ CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
 # The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
 ATTENTION_NAMES = ("none", *SCORES)
 PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
+# Variants scored with the previous state s_{t-1} when config.model.rnn_query_state is "auto".
+PREVIOUS_STATE_QUERIES = ("concat",)
+
+
+def queries_previous_state(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the decoder attends with s_{t-1} (Bahdanau) rather than h_t (Luong)."""
+  if cfg.rnn_query_state == "auto":
+    return cfg.attention in PREVIOUS_STATE_QUERIES
+  return cfg.rnn_query_state == "previous"
 
 
 class Memory(NamedTuple):
@@ -57,6 +68,12 @@ def _hidden(carry: Carry) -> jnp.ndarray:
 def _zeros_like_carry(cell_type: str, batch: int, size: int, dtype) -> Carry:
   zeros = jnp.zeros((batch, size), dtype)
   return (zeros, zeros) if cell_type == "lstm" else zeros
+
+
+def _refuse_packed(segments, positions) -> None:
+  if segments is not None or positions is not None:
+    raise ValueError("The RNN takes one sentence per row (PACKS is False): packed rows would"
+                     " run the recurrence across sentences; set config.data.pack=False.")
 
 
 def reverse_padded(x: jnp.ndarray, lengths: jnp.ndarray) -> jnp.ndarray:
@@ -86,14 +103,22 @@ def _scan_cell(cell, carry: Carry, inputs: jnp.ndarray, valid: jnp.ndarray):
 
 
 class RNN(nnx.Module):
-  """See the module docstring; `cfg` is `config.model`."""
+  """See the module docstring; implements `interface.Seq2SeqModel` (`cfg` is `config.model`)."""
+
+  ATTENTION_NAMES = ATTENTION_NAMES
+  PACKS = PACKS
+
+  @staticmethod
+  def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
+    del cfg  # Every RNN field is range-checked with the base config.
+    return None
 
   def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
                dtype=None):
     """`dtype` is the computation's (e.g. bfloat16); parameters stay float32."""
     self.cell_type = cfg.rnn_cell
     self.attention = cfg.attention
-    self.bahdanau = cfg.attention == "concat"
+    self.query_previous = queries_previous_state(cfg)
     self.input_feeding = cfg.input_feeding
     self.reverse_source = cfg.reverse_source
     self.bidirectional = cfg.bidirectional
@@ -120,7 +145,7 @@ class RNN(nnx.Module):
                              for _ in range(cfg.num_decoder_layers)]) if cfg.bridge else None)
     self.context_proj = linear(hidden * directions, hidden)
 
-    first_input = emb + (emb if cfg.input_feeding else 0) + (hidden if self.bahdanau else 0)
+    first_input = emb + (emb if cfg.input_feeding else 0) + (hidden if self.query_previous else 0)
     self.decoder_cells = nnx.List([cell(first_input if i == 0 else hidden, hidden, rngs=rngs)
                                    for i in range(cfg.num_decoder_layers)])
     self.score_params = (SCORES[cfg.attention].init(1, hidden, cfg.max_len, rngs)
@@ -130,8 +155,10 @@ class RNN(nnx.Module):
 
   # ----------------------------------------------------------------- encoder
 
-  def encode(self, src_ids: jnp.ndarray, *, rngs: nnx.Rngs | None = None) -> Memory:
-    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded)."""
+  def encode(self, src_ids: jnp.ndarray, *, segments: jnp.ndarray | None = None,
+             positions: jnp.ndarray | None = None, rngs: nnx.Rngs | None = None) -> Memory:
+    """Encodes `src_ids [batch, src_len]` (PAD_ID-padded); packed rows are refused (PACKS)."""
+    _refuse_packed(segments, positions)
     src_mask = masks.padding_mask(src_ids)
     valid = src_ids != PAD_ID
     lengths = valid.sum(axis=1)
@@ -199,13 +226,13 @@ class RNN(nnx.Module):
   def _step(self, memory: Memory, cache: Cache, embedded: jnp.ndarray, dropout_key=None):
     """One target step from the embedded previous token `[batch, emb]`."""
     inputs = [embedded]
-    if self.bahdanau:  # Scored with the previous state s_{t-1}, before the stack runs.
+    if self.query_previous:  # Scored with the previous state s_{t-1}, before the stack runs.
       context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None])
       inputs.append(context[:, 0])
     if self.input_feeding:
       inputs.append(cache.feed)
     carries, h = self._stack(cache.carries, jnp.concatenate(inputs, axis=-1), dropout_key)
-    if not self.bahdanau:  # Luong: scored with the current state h_t.
+    if not self.query_previous:  # Luong: scored with the current state h_t.
       context, weights = self._attend(memory, h[:, None])
     logits, attentional = self._output(context[:, 0], h, dropout_key)
     return logits, Cache(carries, attentional, cache.index + 1), weights[:, 0]
@@ -223,8 +250,10 @@ class RNN(nnx.Module):
     return logits, cache
 
   def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
+             segments: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
              rngs: nnx.Rngs | None = None) -> jnp.ndarray:
     """Teacher-forced decoding: `tgt_in_ids [batch, t]` -> logits `[batch, t, vocab]`."""
+    _refuse_packed(segments, positions)
     return self._teacher_forced(memory, tgt_in_ids, rngs)[0]
 
   def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
@@ -235,7 +264,7 @@ class RNN(nnx.Module):
     embedded = self.dropout(self.tgt_embed(tgt_in_ids), deterministic=rngs is None, rngs=rngs)
     steps = tgt_in_ids.shape[1]
     dropout_key = rngs.dropout() if rngs is not None else None
-    if not self.input_feeding and not self.bahdanau:
+    if not self.input_feeding and not self.query_previous:
       # The recurrence ignores attention: run it once, then attend for all t at once.
       x, carries = embedded, memory.initial
       valid = jnp.ones(tgt_in_ids.shape, bool)

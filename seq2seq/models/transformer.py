@@ -139,7 +139,17 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """Encoder-decoder Transformer; see the module docstring for the interface."""
+  """Encoder-decoder Transformer; implements `interface.Seq2SeqModel`."""
+
+  ATTENTION_NAMES = ATTENTION_NAMES
+  PACKS = PACKS
+
+  @staticmethod
+  def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
+    if cfg.emb_dim % cfg.num_heads:
+      return (f"config.model.emb_dim={cfg.emb_dim} is not divisible by"
+              f" config.model.num_heads={cfg.num_heads}; choose sizes where it is.")
+    return None
 
   def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
                dtype=None):

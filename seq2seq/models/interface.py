@@ -1,0 +1,50 @@
+"""The interface every model family provides, and what each declares it can do.
+
+The trainer, the decoders and evaluation use a model only through these
+methods, so a new family plugs in by implementing them (with these keyword
+arguments) and registering its class in `seq2seq.models.FAMILIES`. `Memory`
+and `Cache` are the family's own pytrees: callers pass them back unchanged.
+"""
+
+from typing import Any, ClassVar, Protocol
+
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+Memory = Any  # A family's encoder output: a pytree the decoder takes back.
+Cache = Any  # A family's step-by-step decoding state: a pytree.
+
+
+class Seq2SeqModel(Protocol):
+  """An encoder-decoder over joint-vocabulary token ids (PAD_ID-padded)."""
+
+  # The `config.model.attention` names the family takes.
+  ATTENTION_NAMES: ClassVar[tuple[str, ...]]
+  # Whether it takes packed rows (several sentences per row: `segments`, `positions`).
+  PACKS: ClassVar[bool]
+
+  @staticmethod
+  def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
+    """What in `config.model` the family cannot build, as a one-line message with the fix."""
+
+  def encode(self, src_ids: jnp.ndarray, *, segments: jnp.ndarray | None = None,
+             positions: jnp.ndarray | None = None, rngs: nnx.Rngs | None = None) -> Memory:
+    """`src_ids [batch, src_len]` -> memory. Packed rows also give `segments`/`positions`
+    `[batch, src_len]` (each token's sentence 1, 2, ... and its position in it); `rngs`
+    (with a `dropout` stream) switches dropout on."""
+
+  def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
+             segments: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
+             rngs: nnx.Rngs | None = None) -> jnp.ndarray:
+    """Teacher-forced: `tgt_in_ids [batch, t]` -> float32 logits `[batch, t, vocab]`."""
+
+  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
+    """Teacher-forced cross-attention weights `[layers, batch, heads, t, src_len]`."""
+
+  def init_cache(self, memory: Memory, max_len: int) -> Cache:
+    """The decoding state before the first target token, for up to `max_len` tokens."""
+
+  def decode_step(self, memory: Memory, cache: Cache,
+                  token_ids: jnp.ndarray) -> tuple[jnp.ndarray, Cache]:
+    """Feeds `token_ids [batch]`: float32 logits `[batch, vocab]` and the next cache."""
