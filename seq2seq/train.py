@@ -126,7 +126,7 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(sums, grad_norm=optax.global_norm(grads))
+  metrics = dict(sums, grad_norm=optax.tree.norm(grads))
   return TrainState(state.step + 1, params, opt_state), metrics
 
 

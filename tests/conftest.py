@@ -1,11 +1,23 @@
 """Shared fixtures: the tiny config, shrunk further so each run compiles few shapes."""
 
+import atexit
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# Many tests train the same tiny run: one persistent compilation cache for the session (and the
+# scripts it starts) compiles each identical program once. Set before JAX reads its config.
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="seq2seq-test-jax-cache-")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+os.environ.update(JAX_COMPILATION_CACHE_DIR=_COMPILATION_CACHE,
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TFDS_EXTRA = "TFDS tests need the optional extra: pip install -e '.[tfds]'"

@@ -128,11 +128,11 @@ def test_general_and_location_scores_match_their_formulas():
   q, k, _ = qkv(3, 6, seed=6)
   general = attention.SCORES["general"]
   params = general.init(H, D, 10, nnx.Rngs(0))
-  w = params.w.value
+  w = params.w[...]
   expected = jnp.einsum("bhqd,hde,bhke->bhqk", q, w, k)  # h_t^T W_a h_s
   np.testing.assert_allclose(general.score(q, general.prepare(k, params), params), expected,
                              rtol=1e-4, atol=1e-4)
   location = attention.SCORES["location"]
   params = location.init(H, D, 10, nnx.Rngs(1))
-  expected = jnp.einsum("bhqd,hdl->bhql", q, params.w.value)[..., :6]  # W_a h_t
+  expected = jnp.einsum("bhqd,hdl->bhql", q, params.w[...])[..., :6]  # W_a h_t
   np.testing.assert_allclose(location.score(q, k, params), expected, rtol=1e-5)

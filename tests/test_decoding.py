@@ -107,10 +107,13 @@ def test_cached_decoding_equals_uncached(model):
   """Greedy with the cache equals re-running teacher-forced decode on each prefix."""
   cached, _ = decoding.translate(model, SRC, max_len=8)
   memory = model.encode(SRC)
-  prefix = jnp.full((3, 1), BOS_ID, jnp.int32)
-  for _ in range(8):
-    next_ids = jnp.argmax(model.decode(memory, prefix)[:, -1], axis=-1).astype(jnp.int32)
-    prefix = jnp.concatenate([prefix, next_ids[:, None]], axis=1)
+  # Position t's logits see tokens 0..t only (causal), so one fixed-shape decode, compiled
+  # once, re-runs the whole prefix at every step; later positions hold PAD until filled.
+  decode = jax.jit(lambda prefix: model.decode(memory, prefix))
+  prefix = jnp.zeros((3, 9), jnp.int32).at[:, 0].set(BOS_ID)
+  for t in range(8):
+    next_ids = jnp.argmax(decode(prefix)[:, t], axis=-1).astype(jnp.int32)
+    prefix = prefix.at[:, t + 1].set(next_ids)
   uncached = np.asarray(prefix[:, 1:])
   for row, ids in enumerate(np.asarray(cached[:, 0])):
     end = list(ids).index(EOS_ID) + 1 if EOS_ID in ids else len(ids)

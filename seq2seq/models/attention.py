@@ -67,24 +67,24 @@ def scaled_dot_score(query, keys, params=None):
 
 def general_prepare(keys, params):
   """W_a h_s, once per key."""
-  return jnp.einsum("bhkd,hed->bhke", keys, params.w.value)
+  return jnp.einsum("bhkd,hed->bhke", keys, params.w[...])
 
 
 def concat_prepare(keys, params):
   """W_k h_s, once per key: only W_q s changes from step to step."""
-  return jnp.einsum("bhkd,hda->bhka", keys, params.w_key.value)
+  return jnp.einsum("bhkd,hda->bhka", keys, params.w_key[...])
 
 
 def concat_score(query, keys, params):
   """Bahdanau et al. (2015), additive: v^T tanh(W_q s + W_k h_s) (keys already W_k h_s)."""
-  q = jnp.einsum("bhqd,hda->bhqa", query, params.w_query.value)
+  q = jnp.einsum("bhqd,hda->bhqa", query, params.w_query[...])
   hidden = jnp.tanh(q[:, :, :, None, :] + keys[:, :, None, :, :])  # [b, h, q, k, a]
-  return jnp.einsum("bhqka,ha->bhqk", hidden, params.v.value)
+  return jnp.einsum("bhqka,ha->bhqk", hidden, params.v[...])
 
 
 def location_score(query, keys, params):
   """Luong et al. (2015), location: a_t = softmax(W_a h_t), from the query alone."""
-  scores = jnp.einsum("bhqd,hdl->bhql", query, params.w.value)
+  scores = jnp.einsum("bhqd,hdl->bhql", query, params.w[...])
   return scores[..., :keys.shape[2]]
 
 
