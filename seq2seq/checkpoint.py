@@ -17,11 +17,11 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from seq2seq import config as config_lib
+from seq2seq import layout
 from seq2seq.errors import UserError
 
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
-VOCAB = Path("vocab") / "spm.model"  # The run's SentencePiece model, relative to the workdir.
 log = logging.getLogger("seq2seq")
 # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
 logging.getLogger("absl").addFilter(
@@ -37,7 +37,7 @@ class Checkpoints:
   """Save, list and restore a run's train states."""
 
   def __init__(self, workdir: str | Path, keep: int):
-    self.directory = Path(workdir).resolve() / "checkpoints"
+    self.directory = Path(workdir).resolve() / layout.CHECKPOINTS
     preservation = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
         # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
@@ -83,7 +83,7 @@ class Checkpoints:
     recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
     if recorded is None:
       return  # Saved before fingerprints were recorded.
-    path = self.directory.parent / VOCAB
+    path = self.directory.parent / layout.VOCAB
     found = vocab_fingerprint(path)
     if found is None:
       raise UserError(f"{path} is missing: the checkpoint at step {step} only works with the"
@@ -108,13 +108,13 @@ class Checkpoints:
       self.check_vocab(step)  # Same shapes: is it the same vocabulary, too?
       return
     workdir = self.directory.parent
-    vocab = _vocab_size(workdir / VOCAB)
+    vocab = _vocab_size(workdir / layout.VOCAB)
     # Only the vocabulary-sized axis of embedding/output tables differs: a foreign vocabulary.
     rows = [_vocab_axis(s, m, vocab) for _, s, m in differ]
     if vocab is not None and None not in rows and len(set(rows)) == 1:
-      raise UserError(f"{workdir / VOCAB} has {vocab} subwords but the checkpoint at step {step}"
-                      f" was trained with {rows[0]} ({differ[0][0]}): the vocabulary is not"
-                      " this run's; put back the run's vocab/ or train in a new --workdir.")
+      raise UserError(f"{workdir / layout.VOCAB} has {vocab} subwords but the checkpoint at"
+                      f" step {step} was trained with {rows[0]} ({differ[0][0]}): the vocabulary"
+                      " is not this run's; put back the run's vocab/ or train in a new --workdir.")
     name, in_checkpoint, in_model = differ[0]
     more = f", and {len(differ) - 1} more parameters differ" if len(differ) > 1 else ""
     raise UserError(
@@ -125,7 +125,7 @@ class Checkpoints:
 
   def save(self, step: int, state, metrics: dict | None = None) -> None:
     """Saves `state` at `step`, recording the fingerprint of the run's vocabulary."""
-    fingerprint = vocab_fingerprint(self.directory.parent / VOCAB)
+    fingerprint = vocab_fingerprint(self.directory.parent / layout.VOCAB)
     self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
                       custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
     self.manager.wait_until_finished()
@@ -160,7 +160,7 @@ class Checkpoints:
       for bad, error in damaged:
         log.warning("Checkpoint %d in %s cannot be restored (%s); moved it to %s and resumed"
                     " from step %d instead.", bad, self.directory, error,
-                    self.directory.parent / "damaged_checkpoints", step)
+                    self.directory.parent / layout.DAMAGED_CHECKPOINTS, step)
       return step, state
     if damaged:
       raise UserError(f"No checkpoint in {self.directory} can be restored (steps"
@@ -169,7 +169,7 @@ class Checkpoints:
     return None, like
 
   def _move_aside(self, step: int) -> None:
-    target = self.directory.parent / "damaged_checkpoints" / str(step)
+    target = self.directory.parent / layout.DAMAGED_CHECKPOINTS / str(step)
     target.parent.mkdir(parents=True, exist_ok=True)
     (self.directory / str(step)).rename(target)
     self.manager.reload()  # Forget the step it had listed.
@@ -212,7 +212,7 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   Raises:
     UserError: naming every differing field, its value in the run and in `config`.
   """
-  path = Path(workdir) / "config.json"
+  path = Path(workdir) / layout.CONFIG
   if not path.exists():
     return
   saved = json.loads(path.read_text(encoding="utf-8"))
@@ -229,7 +229,7 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
 def save_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   """Writes `<workdir>/config.json` atomically, and only if it changes (a failed start of
   a finished or mismatched run leaves the file untouched)."""
-  path, text = Path(workdir) / "config.json", config_lib.to_json(config)
+  path, text = Path(workdir) / layout.CONFIG, config_lib.to_json(config)
   if path.exists() and path.read_text(encoding="utf-8") == text:
     return
   tmp = path.with_suffix(".json.tmp")

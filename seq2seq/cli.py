@@ -32,10 +32,12 @@ def parse_flags(argv: list[str]) -> list[str]:
       if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
         config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
       elif arg.startswith(("--config=", "-config=")):
-        path = Path(arg.partition("=")[2].partition(":")[0])  # config_flags takes FILE[:ARGS].
+        spec = arg.partition("=")[2]
+        path = Path(spec.partition(":")[0])  # config_flags takes FILE[:ARGS].
         if not path.is_file():
           raise UserError(f"--config={path} is not a file; pass an experiment config such as"
                           " --config=configs/tiny.py.")
+        config_lib.check_config_file(spec)
     return flags.FLAGS(argv)
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:

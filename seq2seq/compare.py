@@ -21,7 +21,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
 from seq2seq import config as config_lib
-from seq2seq import plots
+from seq2seq import layout, plots
 from seq2seq.errors import UserError
 from seq2seq.evaluate import Translator, alignment, output_files, read_lines, run_evaluation
 
@@ -105,7 +105,7 @@ def _evaluation(workdir: Path, test_set: TestSet, beam_size: int,
                 alpha: float) -> tuple[dict, list]:
   """The run's scores on `test_set` (best checkpoint) and its hypotheses, computed once."""
   name = Path(test_set.src_file).name if test_set.src_file else test_set.name
-  hyp_path, json_path = output_files(workdir / "eval" / f"{name}.best.beam{beam_size}")
+  hyp_path, json_path = output_files(workdir / layout.EVAL / f"{name}.best.beam{beam_size}")
   if not (json_path.exists() and hyp_path.exists()):
     run_evaluation(workdir, split=test_set.name if not test_set.src_file else "test",
                    src_file=test_set.src_file, ref_file=test_set.ref_file, checkpoint="best",
@@ -115,7 +115,7 @@ def _evaluation(workdir: Path, test_set: TestSet, beam_size: int,
 
 def _training_record(workdir: Path) -> dict:
   records = [json.loads(line) for line in
-             (workdir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+             (workdir / layout.METRICS).read_text(encoding="utf-8").splitlines()]
   train = [r for r in records if r["split"] == "train"]
   val = [r for r in records if r["split"] != "train" and "bleu" in r]
   if not val:
@@ -156,17 +156,17 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   between the runs, and per set its BLEU, chrF, 95% bootstrap interval and
   paired-bootstrap p-value against the baseline.
   """
-  workdirs = [Path(w) for w in workdirs if (Path(w) / "config.json").exists()]
+  workdirs = [Path(w) for w in workdirs if (Path(w) / layout.CONFIG).exists()]
   if not workdirs:
     raise UserError("No training runs among the given directories; pass run workdirs.")
-  if baseline and not (Path(baseline) / "config.json").exists():
+  if baseline and not (Path(baseline) / layout.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
   baseline = Path(baseline) if baseline else workdirs[0]
   workdirs = [baseline] + [w for w in workdirs if w != baseline]  # The baseline's row first.
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  configs = {w: config_lib.from_json((w / "config.json").read_text(encoding="utf-8"))
+  configs = {w: config_lib.from_json((w / layout.CONFIG).read_text(encoding="utf-8"))
              for w in workdirs}
   fields = differing_fields([configs[w] for w in workdirs])
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))

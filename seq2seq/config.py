@@ -7,6 +7,8 @@ value stops the run with one line that names the field and the fix.
 
 import difflib
 import json
+import traceback
+from pathlib import Path
 
 import ml_collections
 
@@ -171,8 +173,50 @@ def _check_types(config: ml_collections.ConfigDict, base: ml_collections.ConfigD
                         f" {_TYPE_NAMES.get(kind, kind.__name__)} (default {default!r}).")
 
 
+def check_structure(config, where: str = "the config") -> None:
+  """Raises `UserError` unless `config` is a ConfigDict with every section and field."""
+  fix = "start get_config() from seq2seq.config.base_config() and change what you need."
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UserError(f"{where} is of type {type(config).__name__!r}, not an"
+                    f" ml_collections.ConfigDict; {fix}")
+  base = base_config()
+  missing = [name for name in base.keys() if not isinstance(config.get(name), type(base[name]))]
+  missing += [f"{section}.{key}" for section in base.keys() if section not in missing
+              for key in base[section].keys() if key not in config[section]]
+  if missing:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    raise UserError(f"{where} lacks config.{missing[0]}{more}; {fix}")
+
+
+def check_config_file(spec: str) -> None:
+  """Loads `--config=FILE[:ARG]` as config_flags will, but a mistake in the file is a
+  `UserError` naming the file and line instead of a traceback through config_flags."""
+  path, _, arg = spec.partition(":")
+  try:
+    code = compile(Path(path).read_bytes(), path, "exec")
+  except SyntaxError as e:
+    raise UserError(f"{path}:{e.lineno}: {e.msg}; fix the config file's syntax.") from e
+  namespace = {"__name__": Path(path).stem, "__file__": path}
+  try:
+    exec(code, namespace)  # noqa: S102 (the user's own experiment file, as config_flags runs it)
+    get_config = namespace.get("get_config")
+    if not callable(get_config):
+      raise UserError(f"{path} defines no get_config(); an experiment config returns its"
+                      " ConfigDict from get_config() (see configs/tiny.py).")
+    config = get_config(arg) if arg else get_config()
+  except UserError:
+    raise
+  except Exception as e:
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+    at = f"{path}:{lines[-1]}" if lines else path
+    raise UserError(f"{at}: {type(e).__name__}: {e} (raised while loading the config);"
+                    " fix the config file.") from e
+  check_structure(config, f"{path}'s get_config()")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises `UserError` naming the first bad field and how to fix it."""
+  check_structure(config)
   base = base_config()
   for section in config.keys():
     if section not in base:
@@ -221,6 +265,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name, value in non_negative.items():
     if value < 0:
       raise UserError(f"config.{name}={value} must not be negative.")
+  if not 0 <= t.seed < 2**32:  # SentencePiece takes an unsigned 32-bit seed.
+    raise UserError(f"config.train.seed={t.seed} is out of range; use 0 to {2**32 - 1}.")
   for name in ("adam_b1", "adam_b2"):
     if not 0.0 <= t[name] < 1.0:
       raise UserError(f"config.train.{name}={t[name]} must be in [0, 1).")

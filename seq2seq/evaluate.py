@@ -19,8 +19,8 @@ import sacrebleu
 from flax import nnx
 
 from seq2seq import config as config_lib
-from seq2seq import decoding
-from seq2seq.checkpoint import VOCAB, Checkpoints
+from seq2seq import decoding, layout
+from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from seq2seq.errors import UserError
@@ -97,7 +97,7 @@ class Translator:
                alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
                sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
     workdir = Path(workdir)
-    config_path = workdir / "config.json"
+    config_path = workdir / layout.CONFIG
     if not config_path.exists():
       raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
                       " that scripts/train.py wrote.")
@@ -119,10 +119,11 @@ class Translator:
       checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
     finally:
       checkpoints.close()
-    if not (workdir / VOCAB).is_file():
-      raise UserError(f"{workdir / VOCAB} is missing: the run's checkpoints only work with the"
-                      " vocabulary they were trained with; put it back from a copy of the run.")
-    self.tokenizer = Tokenizer.load(workdir / VOCAB)
+    if not (workdir / layout.VOCAB).is_file():
+      raise UserError(f"{workdir / layout.VOCAB} is missing: the run's checkpoints only work"
+                      " with the vocabulary they were trained with; put it back from a copy of"
+                      " the run.")
+    self.tokenizer = Tokenizer.load(workdir / layout.VOCAB)
     self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
     self.beam_size, self.alpha = beam_size, alpha
     model = build_model(self.config, self.tokenizer.vocab_size)
@@ -281,7 +282,7 @@ def read_lines(path: str | Path, flag: str = "") -> list[str]:
   return lines
 
 
-SELECTION = Path("eval") / "selected.json"  # Relative to the workdir.
+SELECTION = layout.EVAL / "selected.json"  # Relative to the workdir.
 
 
 def selected_checkpoint(workdir: Path) -> str:
@@ -316,7 +317,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
   for spec in candidates:
     if spec != translator.checkpoint:
       translator.load_checkpoint(spec)
-    prefix = workdir / "eval" / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
+    prefix = workdir / layout.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
     found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
   winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
   result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
@@ -359,7 +360,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "")
-  prefix = workdir / "eval" / f"{name}.{tag}.beam{beam_size}"
+  prefix = workdir / layout.EVAL / f"{name}.{tag}.beam{beam_size}"
   result = evaluate_split(translator, sources, references, prefix)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
   for i in drawn:

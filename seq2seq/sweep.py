@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_collections
 
 from seq2seq import config as config_lib
+from seq2seq import layout
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 
@@ -61,7 +62,7 @@ def expand(config: ml_collections.ConfigDict,
 
 
 def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
-  if not (workdir / "checkpoints").is_dir():
+  if not (workdir / layout.CHECKPOINTS).is_dir():
     return False
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:

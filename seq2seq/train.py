@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import math
+import shutil
 import signal
 import threading
 import time
@@ -31,8 +32,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, models
-from seq2seq.checkpoint import VOCAB, Checkpoints, check_run_config, save_run_config
+from seq2seq import evaluate, layout, models
+from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -43,7 +44,6 @@ from seq2seq.train_state import (  # noqa: F401 (re-exported: the trainer's layo
   make_optimizer,
   new_train_state,
 )
-from seq2seq.workdir_lock import WorkdirLock
 
 log = logging.getLogger("seq2seq")
 
@@ -199,10 +199,10 @@ class MetricsWriter:
     an earlier checkpoint) are dropped first, so that every step appears once."""
     self.enabled = jax.process_index() == 0
     if self.enabled:
-      _truncate_jsonl(workdir / "metrics.jsonl", start_step)
+      _truncate_jsonl(workdir / layout.METRICS, start_step)
       import tensorboardX  # Only the writing process needs it.
       self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-      self.tensorboard = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
+      self.tensorboard = tensorboardX.SummaryWriter(str(workdir / layout.TENSORBOARD))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:
@@ -411,6 +411,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.
   workdir = Path(workdir)
+  layout.check_writable(workdir)
+  created = jax.process_index() == 0 and not workdir.exists()  # Checkpoints() creates it.
   check_run_config(workdir, config)
   num_steps = config.train.num_steps
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
@@ -430,17 +432,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     checkpoints.close()
     return {"step": latest, "complete": True, "early_stopped": True}
 
-  if latest is not None and not (workdir / VOCAB).is_file():
+  if latest is not None and not (workdir / layout.VOCAB).is_file():
     checkpoints.close()  # Retraining it would give the checkpoints a vocabulary of chance.
-    raise UserError(f"{workdir / VOCAB} is missing but {workdir} holds checkpoints trained with"
-                    " it; put it back from a copy of the run, or train in a new --workdir.")
+    raise UserError(f"{workdir / layout.VOCAB} is missing but {workdir} holds checkpoints"
+                    " trained with it; put it back from a copy of the run, or train in a new"
+                    " --workdir.")
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
+  finished = False
   try:
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-      return _train(config, workdir, checkpoints)
+    with layout.WorkdirLock(workdir, enabled=jax.process_index() == 0):
+      result = _train(config, workdir, checkpoints)
+    finished = True
+    return result
   finally:
-    checkpoints.close()
+    saved = checkpoints.latest_step() is not None
+    checkpoints.close()  # Waits for orbax's threads, which may still create directories.
+    if created and not finished and not saved:
+      # A start that failed (or was interrupted) before its first checkpoint leaves nothing.
+      shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkpoints) -> dict:

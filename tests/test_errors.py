@@ -13,13 +13,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
 from seq2seq import cli, compare, evaluate, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
-from seq2seq.workdir_lock import WorkdirLock
+from seq2seq.layout import WorkdirLock
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import ENV, snapshot
 from tests.test_cli import train as train_script
@@ -51,6 +52,19 @@ def foreign_vocab(tmp_path_factory):
 def flags(*args):
   """scripts/train.py's flag parsing (cli.parse_flags) of `args`."""
   cli.parse_flags(["train.py", f"--config={ROOT / 'configs' / 'tiny.py'}", *args])
+
+
+def config_file(tmp, source: str):
+  """scripts/train.py's flag parsing of --config=<a file holding `source`>."""
+  path = tmp / "bad_config.py"
+  path.write_text(source)
+  cli.parse_flags(["train.py", f"--config={path}", f"--workdir={tmp / 'new'}"])
+
+
+def read_only(fn):
+  """Runs `fn` as if every directory were on a read-only filesystem (os.access says so)."""
+  with mock.patch("os.access", return_value=False):
+    fn()
 
 
 def while_locked(workdir, fn):
@@ -273,6 +287,35 @@ CASES = [
                                                                   baseline=t / "missing"),
      "--baseline={tmp}/missing is not a training run (no config.json); pass one of the compared"
      " workdirs."),
+    # Config files: the user's file and line, not a traceback through config_flags.
+    ("config syntax error", lambda r, t, v: config_file(t, "def get_config(:\n  pass\n"),
+     "{tmp}/bad_config.py:1: invalid syntax; fix the config file's syntax."),
+    ("config without get_config", lambda r, t, v: config_file(t, "X = 1\n"),
+     "{tmp}/bad_config.py defines no get_config(); an experiment config returns its ConfigDict"
+     " from get_config() (see configs/tiny.py)."),
+    ("get_config raises", lambda r, t, v: config_file(
+        t, "def get_config():\n  raise ValueError('boom')\n"),
+     "{tmp}/bad_config.py:2: ValueError: boom (raised while loading the config); fix the config"
+     " file."),
+    ("config lacks a field", lambda r, t, v: config_file(
+        t, "from seq2seq import config\ndef get_config():\n  c = config.base_config()\n"
+        "  del c.train.seed\n  return c\n"),
+     "{tmp}/bad_config.py's get_config() lacks config.train.seed; start get_config() from"
+     " seq2seq.config.base_config() and change what you need."),
+    ("config not a ConfigDict", lambda r, t, v: config_file(
+        t, "def get_config():\n  return {'model': {}}\n"),
+     "{tmp}/bad_config.py's get_config() is of type 'dict', not an ml_collections.ConfigDict;"
+     " start get_config() from seq2seq.config.base_config() and change what you need."),
+    ("seed out of range", lambda r, t, v: train_with(t / "new", train__seed=-1),
+     "config.train.seed=-1 is out of range; use 0 to 4294967295."),
+    # Workdirs.
+    ("workdir is a file", lambda r, t, v: train_with(text_file(t, "file", b"x")),
+     "--workdir={tmp}/file: {tmp}/file is a file, not a directory; pass another --workdir."),
+    ("workdir under a file", lambda r, t, v: train_with(text_file(t, "file", b"x") + "/run"),
+     "--workdir={tmp}/file/run: {tmp}/file is a file, not a directory; pass another --workdir."),
+    ("workdir not writable", lambda r, t, v: read_only(lambda: train_with(t / "new")),
+     "--workdir={tmp}/new: {tmp} is not writable (permissions or a read-only filesystem); pass a"
+     " --workdir on a writable disk."),
     ("a second training in a workdir", lambda r, t, v: while_locked(
         r, lambda: train_with(r, train__num_steps=6)),
      "{run} is in use by another training (host " + socket.gethostname() + ", pid "
@@ -295,6 +338,7 @@ def test_user_error_is_one_exact_line_and_changes_nothing(run, foreign_vocab, tm
     printed = f"error: {raised.value}\n"  # What cli.run_main prints.
   assert printed == "error: " + expected.format(run=run, tmp=tmp_path) + "\n"
   assert snapshot(run) == before
+  assert not (tmp_path / "new").exists()  # A failed start leaves no workdir behind.
   copy = tmp_path / "copy"
   if copy.exists():  # Checkpoints are never mistaken for damaged ones and moved.
     assert snapshot(copy) == PREPARED.pop(copy)

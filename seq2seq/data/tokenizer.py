@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from seq2seq import layout
 from seq2seq.errors import UserError
 
 PAD_ID = 0
@@ -135,7 +136,7 @@ def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vo
   Returns:
     The run's tokenizer.
   """
-  path = Path(workdir) / "vocab" / "spm.model"
+  path = Path(workdir) / layout.VOCAB
   if path.is_file():
     return Tokenizer.load(path)
   logging.getLogger("seq2seq").info("Training the %d-piece SentencePiece vocabulary on the"

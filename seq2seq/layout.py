@@ -1,5 +1,17 @@
-"""One training process per workdir: an exclusive `flock` on `<workdir>/.lock`.
+"""A run's directory: what lives where in it, its checks, and its lock.
 
+Layout (paths relative to the workdir; every module takes them from here):
+
+  config.json            the run's full config
+  vocab/spm.model        the joint SentencePiece model
+  checkpoints/<step>/    orbax checkpoints
+  damaged_checkpoints/   newest checkpoints that no longer read back, moved aside
+  metrics.jsonl          one JSON record per log line
+  tensorboard/           the same metrics as TensorBoard events
+  eval/                  hypotheses and scores of evaluate.py, selected.json
+  .lock                  held by the training process (host, pid)
+
+One training process per workdir: an exclusive `flock` on `<workdir>/.lock`.
 Two trainings in one workdir would interleave their metrics and overwrite each
 other's checkpoints. The lock file names its holder (host and pid) for the
 refusal message; the kernel drops the lock when its process dies, however it
@@ -13,13 +25,39 @@ from pathlib import Path
 
 from seq2seq.errors import UserError
 
+CONFIG = Path("config.json")
+VOCAB = Path("vocab") / "spm.model"
+CHECKPOINTS = Path("checkpoints")
+DAMAGED_CHECKPOINTS = Path("damaged_checkpoints")
+METRICS = Path("metrics.jsonl")
+TENSORBOARD = Path("tensorboard")
+EVAL = Path("eval")
+LOCK = Path(".lock")
+
+
+def check_writable(workdir: str | Path) -> None:
+  """Raises `UserError` unless `workdir` is, or can be created as, a writable directory.
+
+  Creates nothing: the nearest existing ancestor is checked.
+  """
+  workdir = Path(workdir)
+  existing = workdir
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    raise UserError(f"--workdir={workdir}: {existing} is a file, not a directory; pass another"
+                    " --workdir.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserError(f"--workdir={workdir}: {existing} is not writable (permissions or a"
+                    " read-only filesystem); pass a --workdir on a writable disk.")
+
 
 class WorkdirLock:
   """Context manager holding `<workdir>/.lock`; `enabled=False` makes it a no-op (the
   processes of a multi-host run other than process 0)."""
 
   def __init__(self, workdir: str | Path, enabled: bool = True):
-    self.path = Path(workdir) / ".lock"
+    self.path = Path(workdir) / LOCK
     self.enabled = enabled
     self._file = None
 
