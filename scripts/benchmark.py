@@ -12,6 +12,10 @@ every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process.
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 import json
 
 from absl import app, flags

@@ -12,6 +12,10 @@ length.csv, length.png, bleu.png, curves.png and attention.png to --out
 (default: the first run's parent directory).
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 from pathlib import Path
 
 from absl import app, flags

@@ -7,6 +7,10 @@ The RNN's alignment, or the Transformer's cross-attention per layer and head,
 with subword labels on the axes.
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main

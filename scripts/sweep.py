@@ -8,6 +8,10 @@ Finished runs are skipped, unfinished ones resume, and failures are listed at
 the end without stopping the others (exit status 1 if any failed).
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 import sys
 
 from absl import app, flags

@@ -6,6 +6,10 @@
 Kept short on purpose: the logic lives in `seq2seq.train`, importable and tested.
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 from absl import app, flags
 from ml_collections import config_flags
 

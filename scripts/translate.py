@@ -8,6 +8,10 @@ Moses n-best format, `index ||| translation ||| score`, N lines per input line.
 --sample [--temperature=T --top_k=K --seed=S] samples instead of searching.
 """
 
+from seq2seq import errors
+
+errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+
 import sys
 
 from absl import app, flags

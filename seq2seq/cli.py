@@ -1,6 +1,8 @@
 """What every command-line script shares: user errors as one line, not a traceback."""
 
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -8,7 +10,8 @@ from absl import flags
 from absl import logging as absl_logging
 
 from seq2seq import config as config_lib
-from seq2seq.errors import UserError
+from seq2seq import errors
+from seq2seq.errors import Interrupted, UserError
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
 
@@ -25,6 +28,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   unknown field or a value of the wrong type names the flag and the fix instead
   of ending in config_flags' traceback.
   """
+  _catch_interrupts()  # From here on, before the slow parts (config files, start-up).
   try:
     for i, arg in enumerate(argv[1:], start=1):
       if arg == "--":
@@ -56,6 +60,7 @@ def run_main(fn) -> None:
   logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
+  _catch_interrupts()
   try:
     fn()
   except UserError as e:
@@ -63,6 +68,28 @@ def run_main(fn) -> None:
       raise
     print(f"error: {_one_line(e)}", file=sys.stderr)
     sys.exit(2)
+  except (Interrupted, KeyboardInterrupt) as e:
+    name = str(e) or "SIGINT"
+    print(f"stopped by {name}; nothing half-written was kept (a new run's workdir is removed"
+          " until its first checkpoint): the same command starts again.", file=sys.stderr)
+    # Every `finally` has run. Native threads may still be busy (SentencePiece training,
+    # XLA), and the interpreter's shutdown can crash under them: leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _catch_interrupts() -> None:
+  """Start-up (tokenizer training, compilation) and decoding end at once on SIGINT/SIGTERM
+  (`Interrupted`); the training loop installs its own handlers, which checkpoint first."""
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, _interrupt)
+
+
+def _interrupt(signum, frame):
+  del frame
+  errors.RECEIVED.append(signal.Signals(signum).name)
+  raise Interrupted(errors.RECEIVED[-1])
 
 
 def define_run_flags(beam_size: int = 4) -> dict:

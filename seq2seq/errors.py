@@ -1,10 +1,44 @@
-"""The one exception type for a user's mistake.
+"""The one exception type for a user's mistake, and how a command ends on a signal.
 
 A `UserError` carries a single line that names the problem and the fix. The
 command-line scripts print it (no traceback unless --verbose) and exit with
 status 2; anything else that escapes is a bug in seq2seq.
 """
 
+import os
+import signal
+
 
 class UserError(Exception):
   """A mistake in the user's config, data or workdir, explained in one line."""
+
+
+class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
+  """SIGINT or SIGTERM outside the training loop (which checkpoints instead): ends the
+  command promptly, through every `finally` on the way, with exit status 130."""
+
+
+# Signals received outside the training loop. Raised from a signal handler, `Interrupted` can
+# land in a callback whose exceptions are ignored (a garbage-collection hook): the record
+# stays, and the next `raise_if_interrupted()` ends the command anyway.
+RECEIVED: list[str] = []
+
+
+def raise_if_interrupted() -> None:
+  if RECEIVED:
+    raise Interrupted(RECEIVED[0])
+
+
+def exit_on_signals() -> None:
+  """Until a command installs its own handlers: SIGINT/SIGTERM print one line and exit 130.
+
+  The scripts call this before their slow imports (JAX, TensorFlow), where Python's own
+  KeyboardInterrupt can be swallowed by an import-time callback; nothing exists yet to clean.
+  """
+  def leave(signum, frame):
+    del frame
+    os.write(2, f"stopped by {signal.Signals(signum).name} while starting.\n".encode())
+    os._exit(130)
+
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, leave)

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, layout, models
+from seq2seq import errors, evaluate, layout, models
 from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
@@ -339,11 +339,15 @@ class Trainer:
             "example": hypotheses[0]}
 
 
+MAX_STEPS_AHEAD = 2  # Train steps dispatched but not finished, at most.
+
+
 class StopSignals:
   """From creation until `restore()`, SIGTERM/SIGINT are recorded instead of killing
   the process, so the training loop can checkpoint the current step and exit cleanly."""
 
   def __init__(self):
+    errors.raise_if_interrupted()  # A start-up signal that a library callback swallowed.
     self.received: str | None = None
     self._previous = {}
     if threading.current_thread() is threading.main_thread():  # Python's rule for handlers.
@@ -491,6 +495,11 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
       unshown.append(metrics["tokens"])
       while unshown and unshown[0].is_ready():
         unshown.popleft()
+        progress.update(1)
+      if len(unshown) > MAX_STEPS_AHEAD:
+        # Dispatch runs at most this far ahead of the device: a signal stops within a few
+        # steps, the bar stays current, and queued batches do not pile up in memory.
+        unshown.popleft().block_until_ready()
         progress.update(1)
       log_now = done % config.train.log_every_steps == 0 or done == num_steps
       evaluate_now = done % config.eval.every_steps == 0 or done == num_steps

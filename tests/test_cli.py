@@ -163,3 +163,28 @@ def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
   assert not (workdir / "damaged_checkpoints").exists()
   for a, b in zip(saved_state(tmp_path / "whole", 24), saved_state(workdir, 24), strict=True):
     assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig):
+  """Tokenizer training that would take ten minutes is interrupted: exit 130, one line, and
+  the new workdir is gone (the subprocess would time out if the signal waited for it)."""
+  workdir = tmp_path / "run"
+  code = (
+      "import os, signal, time\n"
+      "from seq2seq import cli, train\n"
+      "from seq2seq.data import tokenizer\n"
+      "from tests.conftest import fast_tiny_config\n"
+      "def slow_training(**kwargs):\n"
+      f"  os.kill(os.getpid(), signal.{sig.name})\n"
+      "  time.sleep(600)\n"
+      "tokenizer.spm.SentencePieceTrainer.train = slow_training\n"
+      "cli.parse_flags(['train.py'])\n"
+      f"cli.run_main(lambda: train.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}))\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=ENV, timeout=120)
+  assert result.returncode == 130, result.stderr
+  assert result.stderr.splitlines()[-1] == (
+      f"stopped by {sig.name}; nothing half-written was kept (a new run's workdir is removed"
+      " until its first checkpoint): the same command starts again.")
+  assert not workdir.exists()

@@ -7,6 +7,7 @@ vocabulary.
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np
 import sentencepiece as spm
 
 from seq2seq import layout
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, raise_if_interrupted
 
 PAD_ID = 0
 UNK_ID = 1
@@ -81,6 +82,26 @@ class Tokenizer:
     return self._sp.decode(pieces)
 
 
+def _in_a_thread(fn, **kwargs) -> None:
+  """Runs `fn(**kwargs)` in a thread while the main thread waits in short joins, so that a
+  signal (Ctrl-C) is handled at once rather than after minutes inside SentencePiece's C++."""
+  errors = []
+
+  def target():
+    try:
+      fn(**kwargs)
+    except Exception as e:  # Re-raised in the caller's thread.
+      errors.append(e)
+
+  thread = threading.Thread(target=target, name="sentencepiece", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.1)
+    raise_if_interrupted()
+  if errors:
+    raise errors[0]
+
+
 def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: int,
                     seed: int = 0) -> Tokenizer:
   """Trains a unigram SentencePiece model and writes `<model_prefix>.model` / `.vocab`.
@@ -101,7 +122,8 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: 
   tmp_prefix = model_prefix.with_name(f"{model_prefix.name}.tmp{os.getpid()}")
   spm.set_random_generator_seed(seed)
   try:
-    spm.SentencePieceTrainer.train(
+    _in_a_thread(
+        spm.SentencePieceTrainer.train,
         sentence_iterator=iter(texts),
         model_prefix=str(tmp_prefix),
         model_type="unigram",
