@@ -214,29 +214,9 @@ def check_config_file(spec: str) -> None:
   check_structure(config, f"{path}'s get_config()")
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises `UserError` naming the first bad field and how to fix it."""
-  check_structure(config)
-  base = base_config()
-  for section in config.keys():
-    if section not in base:
-      raise UserError(f"Unknown config section {section!r}.{_suggest(section, base.keys())}"
-                      f" Valid sections: {', '.join(base.keys())}.")
-    for key in config[section].keys():
-      if key not in base[section]:
-        raise UserError(f"Unknown config field {section}.{key}."
-                        f"{_suggest(key, base[section].keys())}")
-  _check_types(config, base)
+def _check_ranges(config: ml_collections.ConfigDict) -> None:
+  """Every field that must be positive, or not negative, is."""
   m, d, t, e = config.model, config.data, config.train, config.eval
-  if m.family not in FAMILIES:
-    raise UserError(f"config.model.family={m.family!r} is not a model family;"
-                    f" use one of: {', '.join(FAMILIES)}.")
-  valid = ATTENTION_BY_FAMILY[m.family]
-  if m.attention not in valid:
-    paper = models.PAPER_NAMES.get(m.attention.lower())
-    hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
-    raise UserError(f"config.model.attention={m.attention!r} is not available for the"
-                    f" {m.family}; use one of: {', '.join(valid)}.{hint}")
   positive = {
       "model.emb_dim": m.emb_dim, "model.num_heads": m.num_heads,
       "model.num_encoder_layers": m.num_encoder_layers,
@@ -267,6 +247,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise UserError(f"config.{name}={value} must not be negative.")
   if not 0 <= t.seed < 2**32:  # SentencePiece takes an unsigned 32-bit seed.
     raise UserError(f"config.train.seed={t.seed} is out of range; use 0 to {2**32 - 1}.")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises `UserError` naming the first bad field and how to fix it."""
+  check_structure(config)
+  base = base_config()
+  for section in config.keys():
+    if section not in base:
+      raise UserError(f"Unknown config section {section!r}.{_suggest(section, base.keys())}"
+                      f" Valid sections: {', '.join(base.keys())}.")
+    for key in config[section].keys():
+      if key not in base[section]:
+        raise UserError(f"Unknown config field {section}.{key}."
+                        f"{_suggest(key, base[section].keys())}")
+  _check_types(config, base)
+  m, d, t, e = config.model, config.data, config.train, config.eval
+  if m.family not in FAMILIES:
+    raise UserError(f"config.model.family={m.family!r} is not a model family;"
+                    f" use one of: {', '.join(FAMILIES)}.")
+  valid = ATTENTION_BY_FAMILY[m.family]
+  if m.attention not in valid:
+    paper = models.PAPER_NAMES.get(m.attention.lower())
+    hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
+    raise UserError(f"config.model.attention={m.attention!r} is not available for the"
+                    f" {m.family}; use one of: {', '.join(valid)}.{hint}")
+  _check_ranges(config)
   for name in ("adam_b1", "adam_b2"):
     if not 0.0 <= t[name] < 1.0:
       raise UserError(f"config.train.{name}={t[name]} must be in [0, 1).")

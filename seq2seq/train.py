@@ -457,6 +457,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _report_start(trainer) -> None:
+  """What the run is about to train, and that compilation comes next."""
+  config = trainer.config
+  log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
+           " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
+           trainer.train_batches.num_examples, trainer.train_batches.num_dropped,
+           trainer.train_batches.batches_per_epoch, jax.device_count())
+  if config.train.fsdp > 1:
+    log.info("FSDP: %.0f%% of the parameters (every matrix) and their optimizer state are split"
+             " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
+             config.train.fsdp)
+  log.info("Compiling the train step (once per batch shape: %d shapes, each the first time a"
+           " batch of it comes)...", len(trainer.train_batches.shapes))
+
+
+def _train_record(pending: list[dict], elapsed: float, learning_rate: float) -> dict:
+  """The log record of an interval's steps (their metrics on the host)."""
+  summed = jax.tree.map(lambda *xs: float(sum(xs)), *pending)
+  tokens = max(summed["tokens"], 1.0)
+  return {"loss": summed["loss"] / tokens, "nll": summed["nll"] / tokens,
+          "grad_norm": summed["grad_norm"] / len(pending), "learning_rate": learning_rate,
+          "tokens_per_sec": summed["tokens"] / elapsed,
+          "tokens_per_step": summed["tokens"] / len(pending)}  # Real target tokens.
+
+
+def _evaluate_and_save(trainer, state, done: int, checkpoints: Checkpoints, writer, progress,
+                       train_wall_seconds: float) -> dict:
+  """Validation at step `done`: a diverged loss stops the run; otherwise the result is
+  logged and the checkpoint saved with its metrics (for `best`)."""
+  split = trainer.config.eval.split
+  result = {"step": done, **trainer.evaluate(state.params)}
+  if not math.isfinite(result["loss"]):  # Finite training losses, diverged parameters.
+    raise _diverged(f"{split} loss is {result['loss']}", done, checkpoints.latest_step())
+  result["train_wall_seconds"] = train_wall_seconds
+  writer.write(done, split, result)
+  checkpoints.save(done, state, metrics={"bleu": result["bleu"], "loss": result["loss"]})
+  if writer.enabled:  # tqdm.write prints even where the bar is disabled.
+    progress.write(f"step {done}: {split} loss {result['loss']:.3f} BLEU {result['bleu']:.2f}"
+                   f" ({result['bleu_signature']})")
+  return result
+
+
 def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkpoints) -> dict:
   """The run itself, from building the trainer to the last step (see `train_and_evaluate`)."""
   num_steps, patience = config.train.num_steps, config.train.patience
@@ -467,17 +509,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
-  log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
-           " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
-           trainer.train_batches.num_examples, trainer.train_batches.num_dropped,
-           trainer.train_batches.batches_per_epoch, jax.device_count())
-  if config.train.fsdp > 1:
-    log.info("FSDP: %.0f%% of the parameters (every matrix) and their optimizer state are split"
-             " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
-             config.train.fsdp)
-
-  log.info("Compiling the train step (once per batch shape: %d shapes, each the first time a"
-           " batch of it comes)...", len(trainer.train_batches.shapes))
+  _report_start(trainer)
   writer = MetricsWriter(workdir, start)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
                        mininterval=2.0, disable=jax.process_index() != 0)
@@ -512,31 +544,16 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
         _check_finite(pending[checked:], done, checkpoints.latest_step())
         checked = len(pending)
       if log_now:
-        summed = jax.tree.map(lambda *xs: float(sum(xs)), *pending)
-        elapsed = time.perf_counter() - interval_start
-        train_loss = summed["loss"] / max(summed["tokens"], 1.0)
-        record = {"loss": train_loss, "nll": summed["nll"] / max(summed["tokens"], 1.0),
-                  "grad_norm": summed["grad_norm"] / len(pending),
-                  "learning_rate": float(learning_rate_schedule(config.train)(step)),
-                  "tokens_per_sec": summed["tokens"] / elapsed,
-                  "tokens_per_step": summed["tokens"] / len(pending)}  # Real target tokens.
+        record = _train_record(pending, time.perf_counter() - interval_start,
+                               float(learning_rate_schedule(config.train)(step)))
         writer.write(done, "train", record)
-        progress.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+        progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
         progress.update(done - progress.n)
         unshown.clear()
         pending, checked, interval_start = [], 0, time.perf_counter()
       if evaluate_now:
-        last_eval = {"step": done, **trainer.evaluate(state.params)}
-        if not math.isfinite(last_eval["loss"]):  # Finite training losses, diverged parameters.
-          raise _diverged(f"{config.eval.split} loss is {last_eval['loss']}", done,
-                          checkpoints.latest_step())
-        last_eval["train_wall_seconds"] = time.perf_counter() - train_start
-        writer.write(done, config.eval.split, last_eval)
-        checkpoints.save(done, state, metrics={"bleu": last_eval["bleu"],
-                                                "loss": last_eval["loss"]})
-        if writer.enabled:  # tqdm.write prints even where the bar is disabled.
-          progress.write(f"step {done}: {config.eval.split} loss {last_eval['loss']:.3f}"
-                         f" BLEU {last_eval['bleu']:.2f} ({last_eval['bleu_signature']})")
+        last_eval = _evaluate_and_save(trainer, state, done, checkpoints, writer, progress,
+                                       train_wall_seconds=time.perf_counter() - train_start)
         interval_start = time.perf_counter()  # Evaluation time is not training throughput.
         if patience and evaluations_without_improvement(
             checkpoints, done, config.eval.every_steps) >= patience and done < num_steps:
