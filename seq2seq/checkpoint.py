@@ -6,6 +6,7 @@ atomically by orbax: a killed save leaves no half-written step), the run's
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -129,6 +130,17 @@ class Checkpoints:
     self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
                       custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
     self.manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def quiet(self):
+    """Silences orbax's (absl) log while a restore that may fail runs: a damaged checkpoint
+    makes its threads log hundreds of lines before the one exception the caller explains."""
+    absl_log = logging.getLogger("absl")
+    previous, absl_log.disabled = absl_log.disabled, True
+    try:
+      yield
+    finally:
+      absl_log.disabled = previous
 
   def restore(self, step: int, like):
     """Restores `step` into the structure, shapes and shardings of the pytree `like`."""

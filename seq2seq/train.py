@@ -340,6 +340,7 @@ class Trainer:
 
 
 MAX_STEPS_AHEAD = 2  # Train steps dispatched but not finished, at most.
+STOP_AGREEMENT_EVERY = 10  # Multi-process runs agree on stopping at least this often (steps).
 
 
 class StopSignals:
@@ -357,6 +358,23 @@ class StopSignals:
   def _handle(self, signum, frame):
     del frame
     self.received = signal.Signals(signum).name
+
+  def agreed(self, done: int, boundary: bool) -> str | None:
+    """The signal to stop after step `done`, the same on every process.
+
+    One process reads its own record. Several combine theirs (one small all-gather) every
+    STOP_AGREEMENT_EVERY steps and at every log, evaluation or save step, so that a signal
+    reaching only some of them (or at different steps) stops all at the same step instead
+    of sending some into a checkpoint save and the others into the next train step.
+    """
+    if jax.process_count() == 1:
+      return self.received
+    if not boundary and done % STOP_AGREEMENT_EVERY:
+      return None
+    flags = multihost_utils.process_allgather(np.int32(self.received is not None))
+    if not np.any(flags):
+      return None
+    return self.received or "a signal on another process"
 
   def restore(self) -> None:
     for sig, handler in self._previous.items():
@@ -536,7 +554,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
       log_now = done % config.train.log_every_steps == 0 or done == num_steps
       evaluate_now = done % config.eval.every_steps == 0 or done == num_steps
       save_now = bool(config.checkpoint.every_steps) and done % config.checkpoint.every_steps == 0
-      stopping = stop.received  # Read once: a signal arriving after this stops the next step.
+      # Read once: a signal arriving after this stops a later step.
+      stopping = stop.agreed(done, log_now or evaluate_now or save_now)
       if log_now or evaluate_now or save_now or stopping:
         # Before anything is saved: no checkpoint holds a diverged state. Fetched once: the
         # steps' metrics stay on the host for the log.

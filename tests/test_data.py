@@ -193,6 +193,22 @@ def test_tfds_mock(tmp_path):
   assert batch["src"].shape == batch["tgt_in"].shape == batch["tgt_out"].shape
 
 
+def test_tfds_not_prepared_offline_says_how_to_prepare(tmp_path, monkeypatch):
+  tfds = pytest.importorskip("tensorflow_datasets", reason=TFDS_EXTRA)
+
+  def offline(self, *args, **kwargs):
+    raise ConnectionError("Failed to reach statmt.org\n(after 3 retries)")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
+  config = _data_config(corpus="tfds:wmt14_translate/de-en", src_lang="en", tgt_lang="de",
+                        tfds_data_dir=str(tmp_path))
+  message = _raises("not prepared", corpus.read_split, config, "train")
+  assert message.startswith(f"TFDS dataset wmt14_translate/de-en is not prepared in {tmp_path}/")
+  assert "(ConnectionError: Failed to reach statmt.org); prepare it once" in message
+  assert "download_and_prepare()" in message and "config.data.tfds_data_dir" in message
+  assert "\n" not in message
+
+
 # --- batching ----------------------------------------------------------------
 
 

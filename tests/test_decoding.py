@@ -80,8 +80,21 @@ def test_length_penalty_reorders_finished_hypotheses_by_its_formula():
   assert len(winners) > 1  # the penalty did reorder the best hypothesis
 
 
-def test_length_penalty_formula():
-  np.testing.assert_allclose(decoding.length_penalty(7, 0.6), (12 / 6) ** 0.6)
+def test_nbest_puts_a_finished_hypothesis_before_an_unfinished_one():
+  # "A EOS" finishes; "B B B ..." never does. Both have probability 0.5.
+  table = transition_table({BOS_ID: {A: 0.5, B: 0.5}, A: {EOS_ID: 1.0}, B: {B: 1.0}})
+  ids, scores = search(table_step(table), beam_size=2, alpha=0.0, nbest=2, max_len=3)
+  np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID, PAD_ID])
+  np.testing.assert_array_equal(ids[0, 1], [B, B, B])
+  np.testing.assert_allclose(scores[0], [np.log(0.5)] * 2, rtol=1e-5)
+
+
+def test_length_penalty_known_values():
+  """GNMT's ((5 + |Y|) / 6)^alpha: 1 for one token at any alpha, 2 where the base is 2 or 4."""
+  for alpha in (0.2, 0.6, 1.0):
+    np.testing.assert_allclose(decoding.length_penalty(1, alpha), 1.0)
+  np.testing.assert_allclose(decoding.length_penalty(7, 1.0), 2.0)
+  np.testing.assert_allclose(decoding.length_penalty(19, 0.5), 2.0)
   assert decoding.length_penalty(100, 0.0) == 1.0
 
 
@@ -132,10 +145,13 @@ def test_nbest_is_sorted_and_distinct(model):
       assert np.all(np.diff(sentence_scores[group]) <= 1e-6)
 
 
-def test_beam_search_is_jittable(model):
-  fn = jax.jit(lambda src: decoding.translate(model, src, max_len=8, beam_size=3, alpha=0.6))
-  ids, _ = fn(SRC)
+def test_beam_search_under_jit_equals_eager(model):
+  search = lambda src: decoding.translate(model, src, max_len=8, beam_size=3, alpha=0.6)  # noqa: E731
+  eager_ids, eager_scores = search(SRC)
+  ids, scores = jax.jit(search)(SRC)
   assert ids.shape == (3, 1, 8)
+  np.testing.assert_array_equal(ids, eager_ids)
+  np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
 def test_sampling_with_top_k_one_is_greedy(model):

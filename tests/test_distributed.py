@@ -1,7 +1,9 @@
 """Multi-host training: two processes on localhost equal one process with the same global batch."""
 
+import signal
 import socket
 import subprocess
+import time
 
 import jax
 import numpy as np
@@ -58,3 +60,33 @@ def test_initialize_only_when_asked(monkeypatch):
   train.initialize_distributed(d)
   assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None},
                    {"coordinator_address": "host0:1234", "num_processes": 4, "process_id": 3}]
+
+
+@pytest.mark.slow  # two training processes
+def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
+  """SIGTERM reaches process 1 only: both agree on the step, save it together, exit 0."""
+  workdir, address = tmp_path / "two", f"localhost:{free_port()}"
+  processes = [subprocess.Popen(
+      train_command(workdir, f"--config.distributed.coordinator_address={address}",
+                    "--config.distributed.num_processes=2",
+                    f"--config.distributed.process_id={i}", "--config.train.num_steps=400",
+                    "--config.eval.every_steps=400", "--config.train.log_every_steps=1"),
+      env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+      assert time.monotonic() < deadline and processes[0].poll() is None
+      time.sleep(0.5)
+    processes[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=120) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  for p, (_, stderr) in zip(processes, outputs, strict=True):
+    assert p.returncode == 0, stderr[-3000:]
+  steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(steps) == 1 and 3 <= steps[0] < 400
+  assert (f"Received a signal on another process: saved a checkpoint at step {steps[0]}"
+          in outputs[0][1])

@@ -27,16 +27,6 @@ from tests.test_cli import train as train_script
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  """A tiny trained run (checkpoints at steps 2 and 4) that no failing command may change."""
-  c = fast_tiny_config()
-  c.train.num_steps, c.eval.every_steps = 4, 2
-  workdir = tmp_path_factory.mktemp("errors") / "run"
-  train.train_and_evaluate(c, workdir)
-  return workdir
-
-
-@pytest.fixture(scope="module")
 def foreign_vocab(tmp_path_factory):
   """A SentencePiece model trained on the run's text, but smaller: not the run's vocabulary."""
   c = fast_tiny_config()

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -14,17 +15,7 @@ from seq2seq import config as config_lib
 from seq2seq import evaluate, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
-from tests.conftest import ROOT, fast_tiny_config
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  """A tiny run with checkpoints at steps 2 and 4."""
-  c = fast_tiny_config()
-  c.train.num_steps, c.eval.every_steps = 4, 2
-  workdir = tmp_path_factory.mktemp("run")
-  train.train_and_evaluate(c, workdir)
-  return workdir
+from tests.conftest import ROOT
 
 
 def script(name, *args, stdin=None):
@@ -117,7 +108,6 @@ def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
 
 def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_path):
   """Each candidate scores as it would alone; the best is recorded and `selected` restores it."""
-  import shutil
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)
   with pytest.raises(UserError, match="--checkpoint=selected needs .* does not exist"):
@@ -165,7 +155,6 @@ def _foreign_vocab(path):
 
 
 def test_a_replaced_or_missing_vocabulary_is_refused(run, tmp_path):
-  import shutil
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)
   vocab = workdir / "vocab" / "spm.model"
@@ -200,3 +189,24 @@ def test_cut_source_lines_are_counted_in_one_warning(run, caplog):
   assert warnings == [f"2 of 4 source lines are longer than {longest} subwords"
                       f" (config.model.max_len={longest + 1} with EOS) and were cut to fit;"
                       " their translations cover only the start."]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path, capfd, damage):
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  newest = workdir / "checkpoints" / "4" / "default"
+  if damage == "truncated":
+    biggest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+  else:
+    (newest / "manifest.ocdbt").unlink()
+  capfd.readouterr()
+  with pytest.raises(UserError) as raised:
+    evaluate.Translator(workdir, "latest", beam_size=1)
+  message = str(raised.value)
+  assert message.startswith(f"Checkpoint 4 in {workdir}/checkpoints cannot be restored (")
+  assert message.endswith("); use --checkpoint= one of the steps that do: 2.")
+  assert "\n" not in message
+  assert len(capfd.readouterr().err.splitlines()) < 5  # Not orbax's hundreds of lines.
+  assert (workdir / "checkpoints" / "4").is_dir()  # Evaluation moves nothing.

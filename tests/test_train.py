@@ -36,10 +36,10 @@ def read_metrics(workdir):
 def test_one_training_step_end_to_end(tmp_path, tiny_config):
   tiny_config.train.num_steps = 1
   result = train.train_and_evaluate(tiny_config, tmp_path)
-  assert result["step"] == 1 and 0.0 <= result["bleu"] <= 100.0
-  assert "nrefs:1|case:mixed" in result["bleu_signature"]
+  assert result["step"] == 1 and "nrefs:1|case:mixed" in result["bleu_signature"]
   records = read_metrics(tmp_path)
   assert [(r["step"], r["split"]) for r in records] == [(1, "train"), (1, "val")]
+  assert records[1]["bleu"] == result["bleu"]  # What is returned is what was logged.
   assert np.isfinite(records[0]["loss"]) and records[0]["tokens_per_sec"] > 0
   assert Checkpoints(tmp_path, keep=2).all_steps() == [1]
   assert (tmp_path / "vocab" / "spm.model").exists()

@@ -148,7 +148,18 @@ def _read_tfds(data_config: ml_collections.ConfigDict, name: str, split: str,
   tfds_split = _TFDS_SPLITS[split]
   if limit > 0:
     tfds_split += f"[:{limit}]"  # Read only the pairs that will be used.
-  dataset = tfds.load(name, split=tfds_split, data_dir=data_dir, shuffle_files=False)
+  try:
+    builder.download_and_prepare()  # Returns at once where the dataset is prepared.
+  except Exception as e:  # Offline, a manual download missing, a full disk: TFDS's many kinds.
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    raise UserError(
+        f"TFDS dataset {name} is not prepared in {builder.data_dir} and preparing it failed"
+        f" ({type(e).__name__}: {first[:200]}); prepare it once where the network is reachable"
+        f" with tfds.builder({name!r}).download_and_prepare() (manual downloads: pass"
+        " download_config=tfds.download.DownloadConfig(manual_dir=...)), or set"
+        " config.data.tfds_data_dir to a directory where it is prepared.") from None
+  dataset = tfds.load(name, split=tfds_split, data_dir=data_dir, shuffle_files=False,
+                      download=False)
   src, tgt = [], []
   for example in tfds.as_numpy(dataset):
     src.append(example[data_config.src_lang].decode("utf-8"))
