@@ -191,7 +191,7 @@ def test_cut_source_lines_are_counted_in_one_warning(run, caplog):
                       " their translations cover only the start."]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", pytest.param("missing", marks=pytest.mark.slow)])
 def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path, capfd, damage):
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)

@@ -83,6 +83,7 @@ def test_a_run_against_itself_is_not_significant(swept):
   assert result["other"][1] < 0.05  # the same test does detect a real difference
 
 
+@pytest.mark.slow  # trains and interrupts a sweep of runs
 def test_a_signal_stops_the_sweep_and_the_same_command_resumes(tmp_path, monkeypatch):
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2

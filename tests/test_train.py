@@ -220,7 +220,7 @@ def test_bfloat16_compute_keeps_float32_parameters(tiny_batches, family, name):
   np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=2e-2)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", pytest.param("missing", marks=pytest.mark.slow)])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_config, caplog,
                                                               damage):
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 4, 2
@@ -289,7 +289,8 @@ def _scripted_bleu(monkeypatch, scores):
   monkeypatch.setattr(train.Trainer, "evaluate", evaluate)
 
 
-@pytest.mark.parametrize("patience, stop", [(1, 6), (2, 8), (3, 12)])
+@pytest.mark.parametrize("patience, stop", [pytest.param(1, 6, marks=pytest.mark.slow), (2, 8),
+                                            pytest.param(3, 12, marks=pytest.mark.slow)])
 def test_patience_stops_after_evaluations_without_a_better_bleu(tmp_path, tiny_config,
                                                                 monkeypatch, caplog, patience,
                                                                 stop):
