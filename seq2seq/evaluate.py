@@ -238,6 +238,11 @@ def _restore_params(workdir: Path, spec: str, config, params_like):
     # Shapes only: no optimizer state is built (orbax still reads each step's).
     state_like = jax.eval_shape(lambda: new_train_state(params_like,
                                                         make_optimizer(config.train)))
+    # On one device, whatever mesh saved it: evaluation needs no mesh, and orbax refuses a
+    # target without shardings for a checkpoint saved on another topology.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    state_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                              state_like)
     for step in steps:
       _read_or_explain(checkpoints, step, state_like,
                        functools.partial(checkpoints.check_params, step, params_like))
