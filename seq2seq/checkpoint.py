@@ -29,9 +29,10 @@ logging.getLogger("absl").addFilter(
     lambda record: "did not provide metrics" not in record.getMessage())
 
 
-class _MetadataOnly(logging.Filter):
-  def filter(self, record):
-    return "could not be restored" not in record.getMessage()
+def _failure(error: Exception) -> str:
+  """An exception from orbax/tensorstore as `Type: first line` (theirs run to pages)."""
+  first = next((line for line in str(error).splitlines() if line.strip()), "")
+  return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
 
 
 class Checkpoints:
@@ -74,13 +75,8 @@ class Checkpoints:
   def check_vocab(self, step: int) -> None:
     """Raises `UserError` if the run's vocabulary is missing or is not the one the
     checkpoint at `step` was trained with (by its recorded sha256)."""
-    absl_log = logging.getLogger("absl")
-    quiet = _MetadataOnly()  # Reading step metadata alone makes orbax warn about its items.
-    absl_log.addFilter(quiet)
-    try:
+    with self.quiet():  # Reading step metadata alone makes orbax warn about its items.
       metadata = self.manager.metadata(step)
-    finally:
-      absl_log.removeFilter(quiet)
     recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
     if recorded is None:
       return  # Saved before fingerprints were recorded.
@@ -133,7 +129,7 @@ class Checkpoints:
 
   @contextlib.contextmanager
   def quiet(self):
-    """Silences orbax's (absl) log while a restore that may fail runs: a damaged checkpoint
+    """Silences orbax's (absl) log while a read that may fail runs: a damaged checkpoint
     makes its threads log hundreds of lines before the one exception the caller explains."""
     absl_log = logging.getLogger("absl")
     previous, absl_log.disabled = absl_log.disabled, True
@@ -146,6 +142,31 @@ class Checkpoints:
     """Restores `step` into the structure, shapes and shardings of the pytree `like`."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def read_or_explain(self, step: int, like, read):
+    """`read()` of checkpoint `step` (a restore into `like`, or a check of it), but one that
+    does not read back (a truncated or missing file) is a `UserError` naming it and the
+    steps that do restore into `like`. Nothing is moved: that is for resuming alone."""
+    try:
+      with self.quiet():
+        return read()
+    except (UserError, AttributeError, NameError):
+      raise  # The user's mismatch, or a bug of ours: not the checkpoint's damage.
+    except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
+      error = _failure(e)
+    good = []
+    for other in self.all_steps():
+      if other != step:
+        try:
+          with self.quiet():
+            self.restore(other, like)
+          good.append(str(other))
+        except Exception:  # noqa: BLE001, S112
+          continue
+    use = (f"use --checkpoint= one of the steps that do: {', '.join(good)}" if good
+           else "no other checkpoint restores either; train the run again")
+    raise UserError(f"Checkpoint {step} in {self.directory} cannot be restored ({error});"
+                    f" {use}.")
 
   def restore_latest_good(self, like) -> tuple[int | None, object]:
     """Restores the newest checkpoint that reads back, moving damaged newer ones aside.
@@ -166,7 +187,7 @@ class Checkpoints:
       except UserError:
         raise  # It does not fit this config or vocabulary: the user's to fix, not damage.
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
-        damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+        damaged.append((step, _failure(e)))
         self._move_aside(step)
         continue
       for bad, error in damaged:
@@ -177,7 +198,8 @@ class Checkpoints:
     if damaged:
       raise UserError(f"No checkpoint in {self.directory} can be restored (steps"
                       f" {', '.join(str(s) for s, _ in damaged)} are damaged and were moved to"
-                      f" {self.directory.parent / 'damaged_checkpoints'}); start a new --workdir.")
+                      f" {self.directory.parent / layout.DAMAGED_CHECKPOINTS}); start a new"
+                      " --workdir.")
     return None, like
 
   def _move_aside(self, step: int) -> None:

@@ -205,31 +205,6 @@ def plot_alignment(translator: Translator, text: str, path: str | Path) -> Path:
   return attention_heatmaps(weights, src, tgt, path, title=f"{c.family}, {c.attention} attention")
 
 
-def _read_or_explain(checkpoints: Checkpoints, step: int, state_like, read):
-  """`read()` of checkpoint `step`, but one that does not read back (a truncated or missing
-  file) is a UserError naming it and the steps that do restore."""
-  try:
-    with checkpoints.quiet():
-      return read()
-  except (UserError, AttributeError, NameError):  # The user's mismatch, or our bug: as is.
-    raise  # Our bugs, not the checkpoint's damage.
-  except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
-    error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
-    good = []
-    for other in checkpoints.all_steps():
-      if other != step:
-        try:
-          with checkpoints.quiet():
-            checkpoints.restore(other, state_like)
-          good.append(str(other))
-        except Exception:  # noqa: BLE001, S112
-          continue
-    use = (f"use --checkpoint= one of the steps that do: {', '.join(good)}" if good
-           else "no other checkpoint restores either; train the run again")
-    raise UserError(f"Checkpoint {step} in {checkpoints.directory} cannot be restored ({error});"
-                    f" {use}.") from None
-
-
 def _restore_params(workdir: Path, spec: str, config, params_like):
   """The parameters of the checkpoint(s) `spec` names, averaged when several."""
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
@@ -244,12 +219,12 @@ def _restore_params(workdir: Path, spec: str, config, params_like):
     state_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                               state_like)
     for step in steps:
-      _read_or_explain(checkpoints, step, state_like,
-                       functools.partial(checkpoints.check_params, step, params_like))
+      checkpoints.read_or_explain(step, state_like,
+                                  functools.partial(checkpoints.check_params, step, params_like))
     total = None  # A running sum: avg:N holds two parameter copies, not N.
     for step in steps:
-      params = _read_or_explain(checkpoints, step, state_like,
-                                functools.partial(checkpoints.restore, step, state_like)).params
+      params = checkpoints.read_or_explain(
+          step, state_like, functools.partial(checkpoints.restore, step, state_like)).params
       total = params if total is None else jax.tree.map(jnp.add, total, params)
     params = jax.tree.map(lambda x: x / len(steps), total)
   finally:

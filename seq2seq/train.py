@@ -201,7 +201,7 @@ class MetricsWriter:
     if self.enabled:
       _truncate_jsonl(workdir / layout.METRICS, start_step)
       import tensorboardX  # Only the writing process needs it.
-      self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+      self.jsonl = open(workdir / layout.METRICS, "a", encoding="utf-8")  # noqa: SIM115
       self.tensorboard = tensorboardX.SummaryWriter(str(workdir / layout.TENSORBOARD))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
@@ -226,8 +226,7 @@ def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
     tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
                                   config.data.vocab_size, seed=config.train.seed)
   multihost_utils.sync_global_devices("tokenizer")
-  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(
-      workdir / "vocab" / "spm.model")
+  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / layout.VOCAB)
 
 
 class Trainer:

@@ -45,6 +45,17 @@ def fast_tiny_config():
   return c
 
 
+def damage_checkpoint(workdir, step: int, damage: str) -> None:
+  """Damages checkpoint `step` of `workdir`: its biggest file "truncated" to half, or its
+  OCDBT manifest "missing"."""
+  saved = Path(workdir) / "checkpoints" / str(step) / "default"
+  if damage == "truncated":
+    biggest = max((p for p in saved.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+  else:
+    (saved / "manifest.ocdbt").unlink()
+
+
 @pytest.fixture
 def tiny_config():
   return fast_tiny_config()

@@ -20,18 +20,24 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def start_two_processes(workdir, *overrides: str) -> list[subprocess.Popen]:
+  """scripts/train.py as processes 0 and 1 of one run on localhost, one CPU device each."""
+  address = f"localhost:{free_port()}"
+  return [subprocess.Popen(
+      train_command(workdir, f"--config.distributed.coordinator_address={address}",
+                    "--config.distributed.num_processes=2",
+                    f"--config.distributed.process_id={i}", *overrides),
+      env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+
+
 @pytest.mark.slow  # three training processes
 def test_two_processes_give_the_losses_of_one(tmp_path):
   one = train_on(1, tmp_path / "one")
-  workdir, address = tmp_path / "two", f"localhost:{free_port()}"
+  workdir = tmp_path / "two"
   # One CPU device each: the global batch is split over two processes and jax.distributed
   # (gloo collectives on CPU) all-reduces the gradients.
-  processes = [subprocess.Popen(
-      train_command(workdir, f"--config.distributed.coordinator_address={address}",
-                    "--config.distributed.num_processes=2",
-                    f"--config.distributed.process_id={i}"),
-      env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  processes = start_two_processes(workdir)
   try:
     outputs = [p.communicate(timeout=300) for p in processes]
   finally:
@@ -65,14 +71,10 @@ def test_initialize_only_when_asked(monkeypatch):
 @pytest.mark.slow  # two training processes
 def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
   """SIGTERM reaches process 1 only: both agree on the step, save it together, exit 0."""
-  workdir, address = tmp_path / "two", f"localhost:{free_port()}"
-  processes = [subprocess.Popen(
-      train_command(workdir, f"--config.distributed.coordinator_address={address}",
-                    "--config.distributed.num_processes=2",
-                    f"--config.distributed.process_id={i}", "--config.train.num_steps=400",
-                    "--config.eval.every_steps=400", "--config.train.log_every_steps=1"),
-      env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  workdir = tmp_path / "two"
+  processes = start_two_processes(workdir, "--config.train.num_steps=400",
+                                  "--config.eval.every_steps=400",
+                                  "--config.train.log_every_steps=1")
   try:
     metrics = workdir / "metrics.jsonl"
     deadline = time.monotonic() + 240

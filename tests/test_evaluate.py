@@ -15,7 +15,7 @@ from seq2seq import config as config_lib
 from seq2seq import evaluate, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, damage_checkpoint
 
 
 def script(name, *args, stdin=None):
@@ -195,12 +195,7 @@ def test_cut_source_lines_are_counted_in_one_warning(run, caplog):
 def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path, capfd, damage):
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)
-  newest = workdir / "checkpoints" / "4" / "default"
-  if damage == "truncated":
-    biggest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
-  else:
-    (newest / "manifest.ocdbt").unlink()
+  damage_checkpoint(workdir, 4, damage)
   capfd.readouterr()
   with pytest.raises(UserError) as raised:
     evaluate.Translator(workdir, "latest", beam_size=1)

@@ -26,7 +26,7 @@ from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
 from seq2seq.models import build_model
-from tests.conftest import ROOT, fast_tiny_config, load_config
+from tests.conftest import ROOT, damage_checkpoint, fast_tiny_config, load_config
 
 
 def read_metrics(workdir):
@@ -226,12 +226,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 4, 2
   tiny_config.train.log_every_steps = 1
   train.train_and_evaluate(tiny_config, tmp_path)
-  newest = tmp_path / "checkpoints" / "4" / "default"
-  if damage == "truncated":
-    biggest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
-  else:
-    (newest / "manifest.ocdbt").unlink()
+  damage_checkpoint(tmp_path, 4, damage)
 
   tiny_config.train.num_steps = 6
   with caplog.at_level("WARNING", logger="seq2seq"):
