@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ml_collections
 
-from seq2seq import models
+from seq2seq import models, train_state
 from seq2seq.errors import UserError
 
 # Valid `config.model.attention` names per family: what each model declares it takes.
@@ -69,7 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
   t.num_steps = 10_000  # Optimizer steps in the whole run.
   t.seed = 0  # Seeds parameters, batch order and dropout.
   t.learning_rate = 1e-3  # Peak learning rate, reached at the end of warmup.
-  t.warmup_steps = 1000  # Linear warmup, then inverse-square-root decay.
+  t.warmup_steps = 1000  # Linear warmup, then the decay `schedule` names.
+  t.schedule = "inverse_sqrt"  # After warmup: "inverse_sqrt", or to zero at num_steps: "linear",
+  # "cosine".
   t.adam_b1 = 0.9  # Adam beta1.
   t.adam_b2 = 0.98  # Adam beta2.
   t.adam_eps = 1e-9  # Adam epsilon.
@@ -284,6 +286,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     " would be decoded; make one of them positive.")
   if t.dtype not in ("float32", "bfloat16"):
     raise UserError(f"config.train.dtype={t.dtype!r} is not supported; use float32 or bfloat16.")
+  if t.schedule not in train_state.SCHEDULES:
+    raise UserError(f"config.train.schedule={t.schedule!r} is not a schedule; use one"
+                    f" of: {', '.join(train_state.SCHEDULES)}.")
   if m.rnn_cell not in RNN_CELLS:
     raise UserError(f"config.model.rnn_cell={m.rnn_cell!r} is not a cell; use one of:"
                     f" {', '.join(RNN_CELLS)}.")

@@ -23,16 +23,26 @@ def new_train_state(params: nnx.State, optimizer: optax.GradientTransformation) 
   return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
 
+# After the linear warmup: inverse-square-root decay (Vaswani et al.), or a decay to zero at
+# `num_steps`, linear or cosine (which anneals a fixed budget and needs no averaging).
+SCHEDULES = ("inverse_sqrt", "linear", "cosine")
+
+
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to `t.learning_rate`, then inverse-square-root decay (Vaswani et al.)."""
+  """Linear warmup to `t.learning_rate`, then the decay `t.schedule` names (SCHEDULES)."""
   warmup = optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
+  decay_steps = max(t.num_steps - t.warmup_steps, 1)
+  if t.schedule == "linear":
+    decay = optax.linear_schedule(t.learning_rate, 0.0, decay_steps)
+  elif t.schedule == "cosine":
+    decay = optax.cosine_decay_schedule(t.learning_rate, decay_steps)
+  else:
+    def decay(steps_after_warmup):
+      # join_schedules evaluates this before the boundary too (negative steps): keep it finite.
+      elapsed = jnp.maximum(t.warmup_steps + steps_after_warmup, 1)
+      return t.learning_rate * jnp.sqrt(jnp.maximum(t.warmup_steps, 1) / elapsed)
 
-  def inverse_sqrt(steps_after_warmup):
-    # join_schedules evaluates this before the boundary too (negative steps): keep it finite.
-    elapsed = jnp.maximum(t.warmup_steps + steps_after_warmup, 1)
-    return t.learning_rate * jnp.sqrt(jnp.maximum(t.warmup_steps, 1) / elapsed)
-
-  return optax.join_schedules([warmup, inverse_sqrt], [t.warmup_steps])
+  return optax.join_schedules([warmup, decay], [t.warmup_steps])
 
 
 def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:

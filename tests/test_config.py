@@ -53,6 +53,8 @@ def test_attention_must_apply_to_the_family(family, attention, message):
     ("model", "rnn_cell", "rnn", "config.model.rnn_cell='rnn' is not a cell; use one of:"
      " lstm, gru."),
     ("train", "num_steps", 0, "config.train.num_steps=0 must be positive."),
+    ("train", "schedule", "cos", "config.train.schedule='cos' is not a schedule; use one of:"
+     " inverse_sqrt, linear, cosine."),
     ("model", "dropout_rate", 1.0, "config.model.dropout_rate=1.0 must be in [0, 1)."),
     ("data", "tgt_lang", "en", "config.data.src_lang and tgt_lang are both 'en';"
      " choose two different languages."),

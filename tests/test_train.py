@@ -72,14 +72,28 @@ def test_loss_falls_when_overfitting_a_few_pairs(tiny_config):
   assert nll[-1] < 0.2 * nll[0]
 
 
-def test_inverse_sqrt_schedule():
-  cfg = train.learning_rate_schedule
+def _schedule(name: str):
   from ml_collections import ConfigDict
-  t = ConfigDict({"learning_rate": 1.0, "warmup_steps": 100})
-  schedule = cfg(t)
+  return train.learning_rate_schedule(ConfigDict(
+      {"learning_rate": 1.0, "warmup_steps": 100, "num_steps": 500, "schedule": name}))
+
+
+def test_inverse_sqrt_schedule():
+  schedule = _schedule("inverse_sqrt")
   np.testing.assert_allclose(schedule(50), 0.5)
   np.testing.assert_allclose(schedule(100), 1.0)
   np.testing.assert_allclose(schedule(400), (100 / 400) ** 0.5, rtol=1e-6)
+
+
+def test_decays_to_zero_at_the_last_step():
+  linear, cosine = _schedule("linear"), _schedule("cosine")
+  for schedule in (linear, cosine):
+    np.testing.assert_allclose(schedule(50), 0.5)  # the same warmup
+    np.testing.assert_allclose(schedule(100), 1.0)
+    np.testing.assert_allclose(schedule(300), 0.5, rtol=1e-6)  # half-way through the decay
+    np.testing.assert_allclose([schedule(500), schedule(600)], [0.0, 0.0], atol=1e-7)
+  np.testing.assert_allclose(linear(200), 0.75, rtol=1e-6)
+  np.testing.assert_allclose(cosine(200), 0.5 * (1 + np.cos(np.pi / 4)), rtol=1e-6)
 
 
 def test_label_smoothed_loss_matches_formula():
