@@ -14,7 +14,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from seq2seq.cli import parse_flags, run_main
-from seq2seq.train import train_and_evaluate
+from seq2seq.train import INTERRUPTED, train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -24,7 +24,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  run_main(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+  run_main(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value),
+           interrupted=INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, read_lines
+from seq2seq.evaluate import Translator, read_lines, write_lines
 
 _RUN = define_run_flags()
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
@@ -45,14 +45,12 @@ def main(argv):
         out.append(nbest[0][0])
       else:
         out.extend(f"{index} ||| {text} ||| {score:.4f}" for text, score in nbest)
-    text = "".join(line.replace("\n", " ") + "\n" for line in out)
     if _OUTPUT.value == "-":
-      sys.stdout.write(text)
+      sys.stdout.write("".join(line.replace("\n", " ") + "\n" for line in out))
     else:
-      with open(_OUTPUT.value, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
+      write_lines(_OUTPUT.value, out)
 
-  run_main(translate)
+  run_main(translate, interrupted="no output was written")
 
 
 if __name__ == "__main__":

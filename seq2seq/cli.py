@@ -50,8 +50,12 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
-def run_main(fn) -> None:
-  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2."""
+def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
+  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2.
+
+  SIGINT/SIGTERM print `stopped by <signal>; <interrupted>: the same command starts again.`
+  and exit with status 130.
+  """
   # orbax and JAX log every save at INFO through absl; keep the console for progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
   handler = logging.StreamHandler(sys.stderr)
@@ -70,8 +74,7 @@ def run_main(fn) -> None:
     sys.exit(2)
   except (Interrupted, KeyboardInterrupt) as e:
     name = str(e) or "SIGINT"
-    print(f"stopped by {name}; nothing half-written was kept (a new run's workdir is removed"
-          " until its first checkpoint): the same command starts again.", file=sys.stderr)
+    print(f"stopped by {name}; {interrupted}: the same command starts again.", file=sys.stderr)
     # Every `finally` has run. Native threads may still be busy (SentencePiece training,
     # XLA), and the interpreter's shutdown can crash under them: leave at once.
     sys.stdout.flush()

@@ -252,20 +252,25 @@ def evaluate_split(translator: Translator, sources: Sequence[str], references: S
   }
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
   hyp_path, json_path = output_files(out_prefix)
-  _write_lines(hyp_path, hypotheses)
+  write_lines(hyp_path, hypotheses)
   tmp = json_path.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
   tmp.replace(json_path)
   return result
 
 
-def _write_lines(path: Path, lines: Sequence[str]) -> None:
-  """Writes one line per entry, atomically (a partial file never replaces a good one)."""
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-    for line in lines:
-      f.write(line.replace("\n", " ") + "\n")
-  tmp.replace(path)
+def write_lines(path: str | Path, lines: Sequence[str]) -> None:
+  """Writes one line per entry, atomically: a partial file never replaces a good one, and
+  an interrupted write leaves no temporary file behind."""
+  path = Path(path)
+  tmp = path.with_name(path.name + ".tmp")
+  try:
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+      for line in lines:
+        f.write(line.replace("\n", " ") + "\n")
+    tmp.replace(path)
+  finally:
+    tmp.unlink(missing_ok=True)
 
 
 def read_lines(path: str | Path, flag: str = "") -> list[str]:

@@ -46,6 +46,9 @@ from seq2seq.train_state import (  # noqa: F401 (re-exported: the trainer's layo
 )
 
 log = logging.getLogger("seq2seq")
+# What an interrupted start-up leaves: the end of `cli.run_main`'s one line.
+INTERRUPTED = ("nothing half-written was kept (a new run's workdir is removed until its first"
+               " checkpoint)")
 
 
 def cross_entropy(logits, targets, label_smoothing: float):

@@ -180,7 +180,8 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig)
       "  time.sleep(600)\n"
       "tokenizer.spm.SentencePieceTrainer.train = slow_training\n"
       "cli.parse_flags(['train.py'])\n"
-      f"cli.run_main(lambda: train.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}))\n")
+      f"cli.run_main(lambda: train.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}),"
+      " interrupted=train.INTERRUPTED)\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, env=ENV, timeout=120)
   assert result.returncode == 130, result.stderr

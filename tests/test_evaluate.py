@@ -44,6 +44,46 @@ def test_translate_rejects_undecodable_input_with_the_line(run, tmp_path):
       f"error: {bad} line 2 is not UTF-8 (invalid start byte); convert the file to UTF-8.")
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_translate_stopped_while_decoding_ends_at_once_and_keeps_the_old_output(run, tmp_path,
+                                                                                sig):
+  src, out = tmp_path / "in.en", tmp_path / "out.de"
+  src.write_text("A dog runs on the beach.\n", encoding="utf-8")
+  out.write_text("an earlier translation\n", encoding="utf-8")
+  code = (
+      "import os, runpy, signal, sys, time\n"
+      "from seq2seq import evaluate\n"
+      "def stopped(self, src_ids):\n"
+      f"  os.kill(os.getpid(), signal.{sig})\n"
+      "  time.sleep(600)\n"
+      "evaluate.Translator.translate_ids = stopped\n"
+      f"sys.argv = ['translate.py', '--workdir={run}', '--input={src}', '--output={out}']\n"
+      "runpy.run_path('scripts/translate.py', run_name='__main__')\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+  assert result.returncode == 130, result.stderr[-3000:]
+  assert result.stderr.splitlines()[-1] == (
+      f"stopped by {sig}; no output was written: the same command starts again.")
+  assert out.read_text(encoding="utf-8") == "an earlier translation\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out.de"]
+
+
+def test_an_interrupted_write_keeps_the_old_file_and_no_temporary(tmp_path):
+  path = tmp_path / "hyp.txt"
+  path.write_text("old\n", encoding="utf-8")
+
+  def lines():
+    yield "new"
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.write_lines(path, lines())
+  assert path.read_text(encoding="utf-8") == "old\n"
+  assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
+  evaluate.write_lines(path, ["a", "b\nc"])
+  assert path.read_text(encoding="utf-8") == "a\nb c\n"
+
+
 def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   src, ref = tmp_path / "src.en", tmp_path / "ref.de"
   src.write_text("A man rides a bike.\nTwo dogs play.\nA woman is cooking.\n", encoding="utf-8")
