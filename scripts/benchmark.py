@@ -12,9 +12,10 @@ every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process.
 """
 
-from seq2seq import errors
+from seq2seq import allocator, errors
 
 errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import json
 

@@ -12,9 +12,10 @@ length.csv, length.png, bleu.png, curves.png and attention.png to --out
 (default: the first run's parent directory).
 """
 
-from seq2seq import errors
+from seq2seq import allocator, errors
 
 errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from pathlib import Path
 

@@ -6,9 +6,10 @@
 Kept short on purpose: the logic lives in `seq2seq.train`, importable and tested.
 """
 
-from seq2seq import errors
+from seq2seq import allocator, errors
 
 errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from absl import app, flags
 from ml_collections import config_flags

@@ -8,9 +8,10 @@ Moses n-best format, `index ||| translation ||| score`, N lines per input line.
 --sample [--temperature=T --top_k=K --seed=S] samples instead of searching.
 """
 
-from seq2seq import errors
+from seq2seq import allocator, errors
 
 errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import sys
 

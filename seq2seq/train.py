@@ -488,8 +488,9 @@ def _report_start(trainer) -> None:
     log.info("FSDP: %.0f%% of the parameters (every matrix) and their optimizer state are split"
              " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
              config.train.fsdp)
-  log.info("Compiling the train step (once per batch shape: %d shapes, each the first time a"
-           " batch of it comes)...", len(trainer.train_batches.shapes))
+  shapes = len(trainer.train_batches.shapes)
+  log.info("Compiling the train step%s...", " (one batch shape)" if shapes == 1 else
+           f" (once per batch shape: {shapes} shapes, each the first time a batch of it comes)")
 
 
 def _train_record(pending: list[dict], elapsed: float, learning_rate: float) -> dict:

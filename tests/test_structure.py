@@ -85,4 +85,17 @@ def test_no_family_or_variant_is_named_outside_models():
                                   for n in names}
   found = {str(p.relative_to(ROOT)): spelled for p in PACKAGE.rglob("*.py")
            if "models" not in p.parts and (spelled := spelled_names(p, names))}
-  assert found == {}
+  # A homonym: the learning-rate schedule `linear`, not the attention variant.
+  homonyms = {"seq2seq/train_state.py": {"linear"}}
+  assert {path: spelled for path, spelled in found.items()
+          if {name for _, name in spelled} - homonyms.get(path, set())} == {}
+
+
+def test_every_script_sets_up_signals_and_memory_before_anything_else():
+  """The first statements after the docstring and `from seq2seq import ...`: signals (so that
+  Ctrl-C during the slow imports ends the command) and malloc (before XLA's threads start)."""
+  first = ["from seq2seq import allocator, errors", "errors.exit_on_signals()",
+           "allocator.keep_freed_memory()"]
+  for script in sorted((ROOT / "scripts").glob("*.py")):
+    body = ast.parse(script.read_text(encoding="utf-8")).body[1:4]
+    assert [ast.unparse(node) for node in body] == first, script.name

@@ -1,0 +1,35 @@
+"""Host memory: keep freed buffers for reuse instead of handing them back to the system.
+
+XLA's CPU runtime allocates every step's buffers (activations, gradients,
+logits) with malloc and frees them at the end of the step. glibc serves large
+blocks with mmap and unmaps them when freed, and trims the heap tops it frees,
+so each step faults its memory in again, page by page, with the kernel zeroing
+every page: on the 2-core development machine the default model's training step
+took about 1.3 million page faults and a quarter of its CPU time in the kernel.
+`keep_freed_memory()` sets glibc's `mallopt` so that blocks come from one heap
+that is never trimmed (no mmap, no trim threshold, one arena that every thread
+reuses): the first step faults the memory in, later steps reuse it. The price
+is that the process keeps its peak memory until it exits, which a training or
+decoding process does anyway.
+
+The scripts call it first, before XLA starts its threads. It does nothing where
+the C library is not glibc.
+"""
+
+import ctypes
+import ctypes.util
+import platform
+
+# mallopt parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+M_ARENA_MAX = -8
+
+
+def keep_freed_memory() -> bool:
+  """Makes glibc keep freed memory for reuse; returns whether it applied."""
+  if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    return False
+  libc = ctypes.CDLL(ctypes.util.find_library("c"))
+  settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_ARENA_MAX, 1))
+  return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
