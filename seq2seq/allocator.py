@@ -13,11 +13,13 @@ is that the process keeps its peak memory until it exits, which a training or
 decoding process does anyway.
 
 The scripts call it first, before XLA starts its threads. It does nothing where
-the C library is not glibc.
+the C library is not glibc, or where the environment sets SEQ2SEQ_SYSTEM_MALLOC=1
+(to compare, or where memory is tighter than time).
 """
 
 import ctypes
 import ctypes.util
+import os
 import platform
 
 # mallopt parameters (glibc's malloc.h).
@@ -28,8 +30,12 @@ M_ARENA_MAX = -8
 
 def keep_freed_memory() -> bool:
   """Makes glibc keep freed memory for reuse; returns whether it applied."""
+  if os.environ.get("SEQ2SEQ_SYSTEM_MALLOC") == "1":
+    return False
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
   libc = ctypes.CDLL(ctypes.util.find_library("c"))
-  settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_ARENA_MAX, 1))
+  # A trim threshold of -1 never trims (mallopt(3)); any finite one is crossed by a process
+  # whose steps free more than it at once.
+  settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))
   return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)

@@ -1,5 +1,6 @@
 """The scripts' malloc settings: freed blocks are reused, not faulted in again."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -27,9 +28,9 @@ print(applied, sum(faults[1:]))
 """
 
 
-def _faults(mode: str) -> tuple[str, int]:
+def _faults(mode: str, **env) -> tuple[str, int]:
   out = subprocess.run([sys.executable, "-c", CODE, mode], cwd=ROOT, capture_output=True,
-                       text=True, check=True).stdout.split()
+                       text=True, check=True, env=dict(os.environ, **env)).stdout.split()
   return out[0], int(out[1])
 
 
@@ -41,3 +42,5 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
   assert (applied, untouched) == ("True", "False")
   assert default >= 9 * pages * 0.9  # every block faulted in afresh: mmap, then munmap
   assert tuned < pages  # the first block's pages are reused by the nine others
+  opted_out, faults = _faults("tuned", SEQ2SEQ_SYSTEM_MALLOC="1")
+  assert opted_out == "False" and faults >= 9 * pages * 0.9
