@@ -44,7 +44,7 @@ def test_translate_rejects_undecodable_input_with_the_line(run, tmp_path):
       f"error: {bad} line 2 is not UTF-8 (invalid start byte); convert the file to UTF-8.")
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
 def test_translate_stopped_while_decoding_ends_at_once_and_keeps_the_old_output(run, tmp_path,
                                                                                 sig):
   src, out = tmp_path / "in.en", tmp_path / "out.de"
