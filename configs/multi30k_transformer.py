@@ -12,7 +12,8 @@ can be averaged (`scripts/evaluate.py --checkpoint=avg:3`).
 
 Measured on the 2-core development CPU (README's results table): 35.2
 validation BLEU (greedy, logged at step 2,400) in 61 min 52 s of wall time
-(about 3.5 minutes of it lost to another job on the same cores); then
+(about 3.5 minutes of it lost to another job on the same cores, so about
+58 minutes alone, an estimate); then
 
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val \
       --checkpoint=best,avg:3,avg:5 --beam_size=4 --alpha=0.6
