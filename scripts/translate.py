@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, read_lines, write_lines
+from seq2seq.evaluate import Translator, as_lines, read_lines, write_lines
 
 _RUN = define_run_flags()
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
@@ -47,7 +47,7 @@ def main(argv):
       else:
         out.extend(f"{index} ||| {text} ||| {score:.4f}" for text, score in nbest)
     if _OUTPUT.value == "-":
-      sys.stdout.write("".join(line.replace("\n", " ") + "\n" for line in out))
+      sys.stdout.write(as_lines(out))
     else:
       write_lines(_OUTPUT.value, out)
 

@@ -19,7 +19,6 @@ the C library is not glibc, or where the environment sets SEQ2SEQ_SYSTEM_MALLOC=
 """
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
@@ -35,7 +34,7 @@ def keep_freed_memory() -> bool:
     return False
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
-  libc = ctypes.CDLL(ctypes.util.find_library("c"))
+  libc = ctypes.CDLL(None)  # The process' own symbols: glibc is loaded (no library search).
   # A trim threshold of -1 never trims (mallopt(3)); any finite one is crossed by a process
   # whose steps free more than it at once.
   settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))

@@ -19,7 +19,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from seq2seq import config as config_lib
 from seq2seq import layout
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, describe
 
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
@@ -27,12 +27,6 @@ log = logging.getLogger("seq2seq")
 # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
 logging.getLogger("absl").addFilter(
     lambda record: "did not provide metrics" not in record.getMessage())
-
-
-def _failure(error: Exception) -> str:
-  """An exception from orbax/tensorstore as `Type: first line` (theirs run to pages)."""
-  first = next((line for line in str(error).splitlines() if line.strip()), "")
-  return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
 
 
 class Checkpoints:
@@ -153,7 +147,7 @@ class Checkpoints:
     except (UserError, AttributeError, NameError):
       raise  # The user's mismatch, or a bug of ours: not the checkpoint's damage.
     except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
-      error = _failure(e)
+      error = describe(e)
     good = []
     for other in self.all_steps():
       if other != step:
@@ -187,7 +181,7 @@ class Checkpoints:
       except UserError:
         raise  # It does not fit this config or vocabulary: the user's to fix, not damage.
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
-        damaged.append((step, _failure(e)))
+        damaged.append((step, describe(e)))
         self._move_aside(step)
         continue
       for bad, error in damaged:
@@ -266,9 +260,7 @@ def save_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   path, text = Path(workdir) / layout.CONFIG, config_lib.to_json(config)
   if path.exists() and path.read_text(encoding="utf-8") == text:
     return
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(text, encoding="utf-8")
-  tmp.replace(path)
+  layout.write_atomically(path, text)
 
 
 def _flat_shapes(tree) -> dict[str, tuple]:

@@ -13,6 +13,13 @@ class UserError(Exception):
   """A mistake in the user's config, data or workdir, explained in one line."""
 
 
+def describe(error: Exception) -> str:
+  """A library's exception as `Type: first line` (orbax's, tensorstore's and TFDS's run to
+  pages): the cause inside one line of ours."""
+  first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+  return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
 class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
   """SIGINT or SIGTERM outside the training loop (which checkpoints instead): ends the
   command promptly, through every `finally` on the way, with exit status 130."""

@@ -253,24 +253,18 @@ def evaluate_split(translator: Translator, sources: Sequence[str], references: S
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
   hyp_path, json_path = output_files(out_prefix)
   write_lines(hyp_path, hypotheses)
-  tmp = json_path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-  tmp.replace(json_path)
+  layout.write_atomically(json_path, json.dumps(result, indent=2) + "\n")
   return result
 
 
+def as_lines(lines: Sequence[str]) -> str:
+  """The text of one line per entry: a newline inside an entry becomes a space."""
+  return "".join(line.replace("\n", " ") + "\n" for line in lines)
+
+
 def write_lines(path: str | Path, lines: Sequence[str]) -> None:
-  """Writes one line per entry, atomically: a partial file never replaces a good one, and
-  an interrupted write leaves no temporary file behind."""
-  path = Path(path)
-  tmp = path.with_name(path.name + ".tmp")
-  try:
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-      for line in lines:
-        f.write(line.replace("\n", " ") + "\n")
-    tmp.replace(path)
-  finally:
-    tmp.unlink(missing_ok=True)
+  """Writes one line per entry, whole or not at all (`layout.write_atomically`)."""
+  layout.write_atomically(Path(path), as_lines(lines))
 
 
 def read_lines(path: str | Path, flag: str = "") -> list[str]:
@@ -335,9 +329,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
   result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
             "bleu": found}
   path = workdir / SELECTION
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-  tmp.replace(path)
+  layout.write_atomically(path, json.dumps(result, indent=2) + "\n")
   return result
 
 

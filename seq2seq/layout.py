@@ -35,6 +35,17 @@ EVAL = Path("eval")
 LOCK = Path(".lock")
 
 
+def write_atomically(path: Path, text: str) -> None:
+  """Replaces `path` by `text` whole or not at all: written to `<name>.tmp` and renamed, so a
+  kill leaves the old file, and an interrupted write leaves no temporary file behind."""
+  tmp = path.with_name(path.name + ".tmp")
+  try:
+    tmp.write_text(text, encoding="utf-8", newline="\n")
+    tmp.replace(path)
+  finally:
+    tmp.unlink(missing_ok=True)
+
+
 def check_writable(workdir: str | Path) -> None:
   """Raises `UserError` unless `workdir` is, or can be created as, a writable directory.
 

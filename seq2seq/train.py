@@ -189,9 +189,7 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
   kept = [line for line in lines if step_of(line) <= last_step]
   if len(kept) == len(lines):
     return
-  tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(kept), encoding="utf-8")
-  tmp.replace(path)
+  layout.write_atomically(path, "".join(kept))
 
 
 class MetricsWriter:

@@ -1,5 +1,6 @@
 """Multi-host training: two processes on localhost equal one process with the same global batch."""
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -20,15 +21,30 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_two_processes(workdir, *overrides: str) -> list[subprocess.Popen]:
-  """scripts/train.py as processes 0 and 1 of one run on localhost, one CPU device each."""
+@contextlib.contextmanager
+def two_processes(workdir, *overrides: str):
+  """scripts/train.py as processes 0 and 1 of one run on localhost, one CPU device each;
+  both are killed on the way out, whatever the test did."""
   address = f"localhost:{free_port()}"
-  return [subprocess.Popen(
+  processes = [subprocess.Popen(
       train_command(workdir, f"--config.distributed.coordinator_address={address}",
                     "--config.distributed.num_processes=2",
                     f"--config.distributed.process_id={i}", *overrides),
       env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
+  try:
+    yield processes
+  finally:
+    for p in processes:
+      p.kill()
+
+
+def both_succeed(processes, timeout: float) -> list[tuple[str, str]]:
+  """Each process' (stdout, stderr), once both have exited with status 0."""
+  outputs = [p.communicate(timeout=timeout) for p in processes]
+  for p, (_, stderr) in zip(processes, outputs, strict=True):
+    assert p.returncode == 0, stderr[-3000:]
+  return outputs
 
 
 @pytest.mark.slow  # three training processes
@@ -37,14 +53,8 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
   workdir = tmp_path / "two"
   # One CPU device each: the global batch is split over two processes and jax.distributed
   # (gloo collectives on CPU) all-reduces the gradients.
-  processes = start_two_processes(workdir)
-  try:
-    outputs = [p.communicate(timeout=300) for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
-  for p, (_, stderr) in zip(processes, outputs, strict=True):
-    assert p.returncode == 0, stderr[-3000:]
+  with two_processes(workdir) as processes:
+    outputs = both_succeed(processes, timeout=300)
   assert "devices: 2." in outputs[0][1] and "BLEU" in outputs[0][0]
   assert "devices:" not in outputs[1][1] and "BLEU" not in outputs[1][0]  # Only process 0 logs ...
   two = train_losses(workdir)  # ... and writes metrics (once, not twice).
@@ -72,22 +82,15 @@ def test_initialize_only_when_asked(monkeypatch):
 def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
   """SIGTERM reaches process 1 only: both agree on the step, save it together, exit 0."""
   workdir = tmp_path / "two"
-  processes = start_two_processes(workdir, "--config.train.num_steps=400",
-                                  "--config.eval.every_steps=400",
-                                  "--config.train.log_every_steps=1")
-  try:
+  with two_processes(workdir, "--config.train.num_steps=400", "--config.eval.every_steps=400",
+                     "--config.train.log_every_steps=1") as processes:
     metrics = workdir / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
       assert time.monotonic() < deadline and processes[0].poll() is None
       time.sleep(0.5)
     processes[1].send_signal(signal.SIGTERM)
-    outputs = [p.communicate(timeout=120) for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
-  for p, (_, stderr) in zip(processes, outputs, strict=True):
-    assert p.returncode == 0, stderr[-3000:]
+    outputs = both_succeed(processes, timeout=120)
   steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
   assert len(steps) == 1 and 3 <= steps[0] < 400
   assert (f"Received a signal on another process: saved a checkpoint at step {steps[0]}"

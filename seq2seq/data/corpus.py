@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ml_collections
 
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, describe
 
 SPLITS = ("train", "val", "test")
 
@@ -151,10 +151,9 @@ def _read_tfds(data_config: ml_collections.ConfigDict, name: str, split: str,
   try:
     builder.download_and_prepare()  # Returns at once where the dataset is prepared.
   except Exception as e:  # Offline, a manual download missing, a full disk: TFDS's many kinds.
-    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     raise UserError(
         f"TFDS dataset {name} is not prepared in {builder.data_dir} and preparing it failed"
-        f" ({type(e).__name__}: {first[:200]}); prepare it once where the network is reachable"
+        f" ({describe(e)}); prepare it once where the network is reachable"
         f" with tfds.builder({name!r}).download_and_prepare() (manual downloads: pass"
         " download_config=tfds.download.DownloadConfig(manual_dir=...)), or set"
         " config.data.tfds_data_dir to a directory where it is prepared.") from None
