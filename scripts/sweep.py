@@ -16,13 +16,11 @@ allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocato
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from seq2seq.cli import parse_flags, run_main
+from seq2seq.cli import define_config_flag, parse_flags, run_main
 from seq2seq.sweep import run_sweep
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
+_CONFIG = define_config_flag()
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeat for a cross product).")
 _ROOT = flags.DEFINE_string("root", None, "Directory holding one workdir per combination.")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs trained at once (separate processes).")

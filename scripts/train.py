@@ -12,13 +12,11 @@ errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from seq2seq.cli import parse_flags, run_main
+from seq2seq.cli import define_config_flag, parse_flags, run_main
 from seq2seq.train import INTERRUPTED, train_and_evaluate
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
+_CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created or resumed).")
 flags.mark_flags_as_required(["config", "workdir"])
 

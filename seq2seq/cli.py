@@ -4,10 +4,10 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from absl import flags
 from absl import logging as absl_logging
+from ml_collections import config_flags
 
 from seq2seq import config as config_lib
 from seq2seq import errors
@@ -21,7 +21,31 @@ def _one_line(error: Exception) -> str:
   return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+class _ConfigFileParser(flags.ArgumentParser):
+  """Parses config_flags' `--config=FILE[:ARG]`, but the file runs once, and a mistake in it
+  is a `UserError` naming the file and line (`config.load_config_file`)."""
+
+  def parse(self, argument):
+    config = config_lib.load_config_file(argument)
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return "config object"
+
+
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
+                       sys_argv: list[str] | None = None) -> flags.FlagHolder:
+  """`--config=FILE[:ARG]` with `--config.<field>=VALUE` overrides, as config_flags defines
+  it (overrides are read from `sys_argv`, by default `sys.argv` at parse time)."""
+  holder = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                           flag_values=flag_values, lock_config=True,
+                                           sys_argv=sys_argv)
+  flag_values["config"].parser = _ConfigFileParser()
+  return holder
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too.
 
   `--config.<field>` overrides are checked against the base config first, so an
@@ -35,14 +59,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         break
       if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
         config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
-      elif arg.startswith(("--config=", "-config=")):
-        spec = arg.partition("=")[2]
-        path = Path(spec.partition(":")[0])  # config_flags takes FILE[:ARGS].
-        if not path.is_file():
-          raise UserError(f"--config={path} is not a file; pass an experiment config such as"
-                          " --config=configs/tiny.py.")
-        config_lib.check_config_file(spec)
-    return flags.FLAGS(argv)
+    return flag_values(argv)
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise

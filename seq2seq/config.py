@@ -190,10 +190,13 @@ def check_structure(config, where: str = "the config") -> None:
     raise UserError(f"{where} lacks config.{missing[0]}{more}; {fix}")
 
 
-def check_config_file(spec: str) -> None:
-  """Loads `--config=FILE[:ARG]` as config_flags will, but a mistake in the file is a
-  `UserError` naming the file and line instead of a traceback through config_flags."""
-  path, _, arg = spec.partition(":")
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Runs `--config=FILE[:ARG]`'s `get_config(ARG)` once, as config_flags would, but a
+  mistake in the file is a `UserError` naming the file and line, not a traceback."""
+  path, _, arg = spec.partition(":")  # config_flags takes FILE[:ARG].
+  if not Path(path).is_file():
+    raise UserError(f"--config={path} is not a file; pass an experiment config such as"
+                    " --config=configs/tiny.py.")
   try:
     code = compile(Path(path).read_bytes(), path, "exec")
   except SyntaxError as e:
@@ -214,6 +217,7 @@ def check_config_file(spec: str) -> None:
     raise UserError(f"{at}: {type(e).__name__}: {e} (raised while loading the config);"
                     " fix the config file.") from e
   check_structure(config, f"{path}'s get_config()")
+  return config
 
 
 def _check_ranges(config: ml_collections.ConfigDict) -> None:

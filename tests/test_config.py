@@ -1,7 +1,9 @@
 """Config validation: every bad value stops the run with one line naming the fix."""
 
 import pytest
+from absl import flags
 
+from seq2seq import cli
 from seq2seq import config as config_lib
 from seq2seq.errors import UserError
 from tests.conftest import ROOT, load_config
@@ -93,3 +95,21 @@ def test_a_saved_config_missing_newer_fields_loads_with_defaults():
   assert loaded.model.emb_dim == 64
   assert loaded.model.attention_window == config_lib.base_config().model.attention_window
   assert config_lib.from_json(config_lib.to_json(c)).to_dict() == c.to_dict()
+
+
+def test_the_config_file_runs_once_and_takes_overrides(tmp_path):
+  """scripts/train.py's --config: get_config() runs once, checked and overridden."""
+  ran = tmp_path / "ran"
+  path = tmp_path / "experiment.py"
+  path.write_text("from seq2seq.config import base_config\n\n"
+                  "def get_config():\n"
+                  f"  with open({str(ran)!r}, 'a') as f:\n"
+                  "    f.write('x')\n"
+                  "  return base_config()\n")
+  argv = ["train.py", f"--config={path}", "--config.train.num_steps=7"]
+  values = flags.FlagValues()
+  config = cli.define_config_flag(values, sys_argv=argv)
+  cli.parse_flags(argv, values)
+  assert ran.read_text() == "x"
+  assert config.value.train.num_steps == 7
+  assert config.value.is_locked

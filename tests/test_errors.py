@@ -16,6 +16,7 @@ import sys
 from unittest import mock
 
 import pytest
+from absl import flags as absl_flags
 
 from seq2seq import cli, compare, evaluate, train
 from seq2seq.data import corpus, tokenizer
@@ -41,14 +42,22 @@ def foreign_vocab(tmp_path_factory):
 
 def flags(*args):
   """scripts/train.py's flag parsing (cli.parse_flags) of `args`."""
-  cli.parse_flags(["train.py", f"--config={ROOT / 'configs' / 'tiny.py'}", *args])
+  train_flags(f"--config={ROOT / 'configs' / 'tiny.py'}", *args)
+
+
+def train_flags(*args):
+  """scripts/train.py's flags (--config, --workdir) parsed from `args` by cli.parse_flags."""
+  values = absl_flags.FlagValues()
+  cli.define_config_flag(values)
+  absl_flags.DEFINE_string("workdir", None, "", flag_values=values)
+  cli.parse_flags(["train.py", *args], values)
 
 
 def config_file(tmp, source: str):
   """scripts/train.py's flag parsing of --config=<a file holding `source`>."""
   path = tmp / "bad_config.py"
   path.write_text(source)
-  cli.parse_flags(["train.py", f"--config={path}", f"--workdir={tmp / 'new'}"])
+  train_flags(f"--config={path}", f"--workdir={tmp / 'new'}")
 
 
 def read_only(fn):
@@ -145,7 +154,7 @@ CASES = [
      "--config.model.bridge=maybe is not true or false; pass --config.model.bridge=true or"
      " --config.model.bridge=false."),
     ("no such config file",
-     lambda r, t, v: cli.parse_flags(["train.py", "--config=configs/nope.py"]),
+     lambda r, t, v: train_flags("--config=configs/nope.py"),
      "--config=configs/nope.py is not a file; pass an experiment config such as"
      " --config=configs/tiny.py."),
     ("heads do not divide the width",
