@@ -109,7 +109,8 @@ def _catch_interrupts() -> None:
 def _interrupt(signum, frame):
   del frame
   errors.RECEIVED.append(signal.Signals(signum).name)
-  raise Interrupted(errors.RECEIVED[-1])
+  if not errors.interrupts_deferred():
+    raise Interrupted(errors.RECEIVED[-1])
 
 
 def define_run_flags(beam_size: int = 4) -> dict:

@@ -5,6 +5,7 @@ command-line scripts print it (no traceback unless --verbose) and exit with
 status 2; anything else that escapes is a bug in seq2seq.
 """
 
+import contextlib
 import os
 import signal
 
@@ -29,10 +30,32 @@ class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an 
 # land in a callback whose exceptions are ignored (a garbage-collection hook): the record
 # stays, and the next `raise_if_interrupted()` ends the command anyway.
 RECEIVED: list[str] = []
+_deferred = False
+
+
+def interrupts_deferred() -> bool:
+  """Whether a signal is only recorded now (`defer_interrupts`), not raised."""
+  return _deferred
+
+
+@contextlib.contextmanager
+def defer_interrupts(enabled: bool = True):
+  """Within: SIGINT/SIGTERM are recorded in RECEIVED but do not end the command.
+
+  For multi-process runs: a process that left during start-up on its own would leave the
+  others waiting for it in a collective. The training loop reads the record instead and all
+  processes stop together at its first agreement (`train.StopSignals`).
+  """
+  global _deferred
+  previous, _deferred = _deferred, enabled or _deferred
+  try:
+    yield
+  finally:
+    _deferred = previous
 
 
 def raise_if_interrupted() -> None:
-  if RECEIVED:
+  if RECEIVED and not _deferred:
     raise Interrupted(RECEIVED[0])
 
 

@@ -154,6 +154,9 @@ def initialize_distributed(d: ml_collections.ConfigDict) -> None:
     return
   if d.num_processes == 1 and not d.coordinator_address:
     return
+  # JAX's preemption service would take SIGTERM from our handlers (it catches the signal in
+  # C++ for `reached_preemption_sync_point`): `StopSignals` agrees on stops itself.
+  jax.config.update("jax_enable_preemption_service", False)
   jax.distributed.initialize(coordinator_address=d.coordinator_address or None,
                              num_processes=d.num_processes or None,
                              process_id=None if d.process_id < 0 else d.process_id)
@@ -349,7 +352,8 @@ class StopSignals:
 
   def __init__(self):
     errors.raise_if_interrupted()  # A start-up signal that a library callback swallowed.
-    self.received: str | None = None
+    # ... or one deferred during a multi-process start-up: the first agreement stops all.
+    self.received: str | None = errors.RECEIVED[0] if errors.RECEIVED else None
     self._previous = {}
     if threading.current_thread() is threading.main_thread():  # Python's rule for handlers.
       for sig in (signal.SIGTERM, signal.SIGINT):
@@ -430,9 +434,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                     f" `{config.model.attention}` cannot: use another config.model.attention or"
                     " pack=False.")
   initialize_distributed(config.distributed)  # Before anything touches a device.
+  with errors.defer_interrupts(jax.process_count() > 1):  # Processes start and stop together.
+    return _train_in(config, Path(workdir))
+
+
+def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+  """`train_and_evaluate` once the run's processes have joined."""
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.
-  workdir = Path(workdir)
   layout.check_writable(workdir)
   created = jax.process_index() == 0 and not workdir.exists()  # Checkpoints() creates it.
   check_run_config(workdir, config)
@@ -537,6 +546,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
   interval_start, train_start = time.perf_counter(), time.perf_counter()
   stop = StopSignals()
   try:
+    if early := stop.agreed(start, boundary=True):  # A signal during start-up, on any process.
+      raise errors.Interrupted(early)
     for step in range(start, num_steps):
       batch = trainer.to_device(trainer.train_batches(step))
       state, metrics = trainer.train_step(state, batch, trainer.dropout_key)

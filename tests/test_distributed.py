@@ -9,9 +9,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from absl import flags
 
-from seq2seq import train
+from seq2seq import cli, errors, layout, train
 from seq2seq.config import base_config
+from tests.conftest import fast_tiny_config
 from tests.test_devices import device_env, train_command, train_losses, train_on
 
 
@@ -95,3 +97,42 @@ def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
   assert len(steps) == 1 and 3 <= steps[0] < 400
   assert (f"Received a signal on another process: saved a checkpoint at step {steps[0]}"
           in outputs[0][1])
+
+
+@pytest.mark.slow  # two training processes
+def test_a_signal_to_one_process_during_start_up_stops_both_before_the_first_step(tmp_path):
+  """SIGTERM reaches process 1 while the run starts (process 0 has just trained the
+  vocabulary): neither leaves the other waiting in a collective; both end with status 130
+  at the first agreement, and the new workdir is removed."""
+  workdir = tmp_path / "two"
+  with two_processes(workdir) as processes:
+    deadline = time.monotonic() + 240
+    while not (workdir / layout.VOCAB).exists():
+      assert time.monotonic() < deadline and processes[0].poll() is None
+      time.sleep(0.1)
+    processes[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=120) for p in processes]
+  assert [p.returncode for p in processes] == [130, 130], outputs
+  assert "stopped by a signal on another process;" in outputs[0][1]
+  assert "stopped by SIGTERM;" in outputs[1][1]
+  assert not workdir.exists()
+
+
+def test_a_deferred_start_up_signal_ends_the_run_before_its_first_step(tmp_path, monkeypatch):
+  """What each process of a multi-process run does with a start-up signal: it is recorded,
+  start-up goes on, and the loop's first agreement ends the run before any step."""
+  monkeypatch.setattr(errors, "RECEIVED", [])
+  handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+  cli.parse_flags(["train.py"], flags.FlagValues())  # The scripts' start-up handlers.
+  try:
+    with errors.defer_interrupts():
+      signal.raise_signal(signal.SIGTERM)
+      assert errors.RECEIVED == ["SIGTERM"]  # Recorded, not raised.
+      with pytest.raises(errors.Interrupted, match="SIGTERM"):
+        train.train_and_evaluate(fast_tiny_config(), tmp_path / "run")
+  finally:
+    for sig, handler in handlers.items():
+      signal.signal(sig, handler)
+  assert not (tmp_path / "run").exists()
+  with pytest.raises(errors.Interrupted, match="SIGTERM"):
+    errors.raise_if_interrupted()  # Outside, the record ends a command as before.
