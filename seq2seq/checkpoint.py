@@ -176,8 +176,9 @@ class Checkpoints:
     damaged = []
     for step in reversed(self.all_steps()):
       try:
-        self.check_params(step, like.params)
-        state = self.restore(step, like)
+        with self.quiet():  # A damaged one is reported below, in one warning.
+          self.check_params(step, like.params)
+          state = self.restore(step, like)
       except UserError:
         raise  # It does not fit this config or vocabulary: the user's to fix, not damage.
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
