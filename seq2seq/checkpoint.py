@@ -46,7 +46,10 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(
         create=True, preservation_policy=preservation, enable_async_checkpointing=False,
         best_fn=lambda metrics: metrics[BEST_METRIC], best_mode="max")
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # Listing the steps reads each one's metadata; orbax logs a damaged step's there, and
+    # restoring that step reports it again, in our one line.
+    with self.quiet():
+      self.manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
