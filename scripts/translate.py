@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, as_lines, read_lines, write_lines
+from seq2seq.evaluate import Translator, as_lines, check_output, read_lines, write_lines
 
 _RUN = define_run_flags()
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
@@ -34,6 +34,8 @@ def main(argv):
   del argv
 
   def translate():
+    if _OUTPUT.value != "-":
+      check_output(_OUTPUT.value, "--output")
     lines = read_lines(_INPUT.value if _INPUT.value != "-" else "/dev/stdin", "--input")
     translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,

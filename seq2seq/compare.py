@@ -23,7 +23,14 @@ from sacrebleu.significance import PairedTest
 from seq2seq import config as config_lib
 from seq2seq import layout, plots
 from seq2seq.errors import UserError
-from seq2seq.evaluate import Translator, alignment, output_files, read_lines, run_evaluation
+from seq2seq.evaluate import (
+  Translator,
+  alignment,
+  check_search,
+  output_files,
+  read_lines,
+  run_evaluation,
+)
 
 SEED = "train.seed"
 
@@ -162,6 +169,7 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   if baseline and not (Path(baseline) / layout.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
+  check_search(beam_size, alpha)  # Before --out is created.
   baseline = Path(baseline) if baseline else workdirs[0]
   workdirs = [baseline] + [w for w in workdirs if w != baseline]  # The baseline's row first.
   out_dir = Path(out_dir)

@@ -8,6 +8,7 @@ an average of several) and translates text with greedy or beam search.
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -101,14 +102,10 @@ class Translator:
     if not config_path.exists():
       raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
                       " that scripts/train.py wrote.")
-    if beam_size < 1:
-      raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
-    if alpha < 0:
-      raise UserError(f"--alpha={alpha} must not be negative (0: no length penalty; 0.6 is"
-                      " usual).")
+    check_search(beam_size, alpha, batch_size)
     if not 1 <= nbest <= beam_size:
       raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
-    if sample_seed is not None and (nbest > 1 or temperature <= 0 or top_k < 0):
+    if sample_seed is not None and (nbest > 1 or not 0 < temperature < math.inf or top_k < 0):
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
@@ -260,6 +257,27 @@ def evaluate_split(translator: Translator, sources: Sequence[str], references: S
 def as_lines(lines: Sequence[str]) -> str:
   """The text of one line per entry: a newline inside an entry becomes a space."""
   return "".join(line.replace("\n", " ") + "\n" for line in lines)
+
+
+def check_search(beam_size: int, alpha: float, batch_size: int = 1) -> None:
+  """Raises `UserError` for search settings out of range, named as the flags give them."""
+  if beam_size < 1:
+    raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
+  if not 0 <= alpha < math.inf:  # NaN fails this too.
+    raise UserError(f"--alpha={alpha} must be a number, not negative (0: no length penalty;"
+                    " 0.6 is usual).")
+  if batch_size < 1:
+    raise UserError(f"--batch_size={batch_size} must be at least 1 (sentences per batch).")
+
+
+def check_output(path: str | Path, flag: str) -> None:
+  """Raises `UserError` unless `path` can be written as a file: checked before the work."""
+  path = Path(path)
+  if path.is_dir():
+    raise UserError(f"{flag}={path} is a directory; pass a file name.")
+  if not path.parent.is_dir():
+    raise UserError(f"{flag}={path}: the directory {path.parent} does not exist; create it or"
+                    " pass another path.")
 
 
 def write_lines(path: str | Path, lines: Sequence[str]) -> None:

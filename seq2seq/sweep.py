@@ -86,6 +86,8 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
               parallel: int = 1) -> dict[str, str]:
   """Trains every combination; returns run name -> "trained", "skipped", "failed: ...",
   "stopped by SIGTERM at step N" or "not started" (after a stop)."""
+  if parallel < 1:
+    raise UserError(f"--parallel={parallel} must be at least 1 (runs trained at once).")
   root = Path(root)
   runs = expand(config, specs)
   for _, run in runs:

@@ -18,7 +18,7 @@ from unittest import mock
 import pytest
 from absl import flags as absl_flags
 
-from seq2seq import cli, compare, evaluate, train
+from seq2seq import cli, compare, evaluate, sweep, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
@@ -35,6 +35,16 @@ def foreign_vocab(tmp_path_factory):
   prefix = tmp_path_factory.mktemp("foreign") / "spm"
   tokenizer.train_tokenizer(text.src + text.tgt, prefix, vocab_size=400, seed=1)
   return prefix.with_suffix(".model")
+
+
+def plain_sentencepiece(tmp_path):
+  """A SentencePiece model trained with SentencePiece's own special ids (no PAD, UNK at 0)."""
+  import sentencepiece as spm
+  text = tmp_path / "plain.txt"
+  text.write_text("\n".join(corpus.read_split(fast_tiny_config().data, "train").src[:500]) + "\n")
+  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "plain"),
+                                 vocab_size=100, minloglevel=2)
+  return tmp_path / "plain.model"
 
 
 # --- What a case runs: the function behind each command --------------------------------------
@@ -278,7 +288,14 @@ CASES = [
     ("--beam_size=0", lambda r, t, v: evaluate.Translator(r, "latest", beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),
     ("negative --alpha", lambda r, t, v: evaluate.run_evaluation(r, alpha=-1.0),
-     "--alpha=-1.0 must not be negative (0: no length penalty; 0.6 is usual)."),
+     "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),
+    ("--alpha=nan", lambda r, t, v: evaluate.Translator(r, "latest", alpha=float("nan")),
+     "--alpha=nan must be a number, not negative (0: no length penalty; 0.6 is usual)."),
+    ("--batch_size=0", lambda r, t, v: evaluate.run_evaluation(r, batch_size=0),
+     "--batch_size=0 must be at least 1 (sentences per batch)."),
+    ("sampling at --temperature=nan",
+     lambda r, t, v: evaluate.Translator(r, "latest", sample_seed=0, temperature=float("nan")),
+     "Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0 (got 1, nan, 0)."),
     ("avg:0", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:0"),
      "--checkpoint=avg:0 averages no checkpoint; N of avg:N must be 1 to 2, the checkpoints"
      " {run}/checkpoints holds."),
@@ -286,6 +303,21 @@ CASES = [
                                                                   baseline=t / "missing"),
      "--baseline={tmp}/missing is not a training run (no config.json); pass one of the compared"
      " workdirs."),
+    ("a vocabulary seq2seq did not write",
+     lambda r, t, v: tokenizer.Tokenizer.load(plain_sentencepiece(t)),
+     "{tmp}/plain.model has special ids (pad, unk, bos, eos) = (-1, 0, 1, 2), not (0, 1, 2, 3):"
+     " seq2seq did not write it. Put back the run's own vocabulary, or train in a new"
+     " --workdir."),
+    ("compare at --beam_size=0", lambda r, t, v: compare.compare_runs([r], t / "new",
+                                                                     beam_size=0),
+     "--beam_size=0 must be at least 1 (1: greedy search)."),  # And --out is not created.
+    ("sweep at --parallel=0", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["train.seed=0,1"], t / "new", parallel=0),
+     "--parallel=0 must be at least 1 (runs trained at once)."),
+    ("--output in a missing directory",
+     lambda r, t, v: evaluate.check_output(t / "nodir" / "out.de", "--output"),
+     "--output={tmp}/nodir/out.de: the directory {tmp}/nodir does not exist; create it or pass"
+     " another path."),
     # Config files: the user's file and line, not a traceback through config_flags.
     ("config syntax error", lambda r, t, v: config_file(t, "def get_config(:\n  pass\n"),
      "{tmp}/bad_config.py:1: invalid syntax; fix the config file's syntax."),

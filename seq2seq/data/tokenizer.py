@@ -32,10 +32,6 @@ class Tokenizer:
   """A SentencePiece model with PAD/UNK/BOS/EOS at ids 0..3."""
 
   def __init__(self, processor: spm.SentencePieceProcessor):
-    ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
-    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-      raise UserError(f"SentencePiece model has special ids (pad, unk, bos, eos) = {ids}, not"
-                      f" {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete it so seq2seq retrains it.")
     self._sp = processor
 
   @classmethod
@@ -45,7 +41,13 @@ class Tokenizer:
     if not path.is_file():
       raise UserError(f"SentencePiece model {path} does not exist; train one with"
                       " load_or_train() or point to an existing .model file.")
-    return cls(spm.SentencePieceProcessor(model_file=str(path)))
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+      raise UserError(f"{path} has special ids (pad, unk, bos, eos) = {ids}, not"
+                      f" {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}: seq2seq did not write it. Put back"
+                      " the run's own vocabulary, or train in a new --workdir.")
+    return cls(processor)
 
   @property
   def vocab_size(self) -> int:
