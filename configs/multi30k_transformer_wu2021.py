@@ -12,9 +12,10 @@
 0.1, about 8,192 (padded) tokens per update for 8,000 updates, beam 5, and the
 average of the last 10 checkpoints. The paper reports 41.02 test_2016_flickr
 BLEU (lowercased, Moses-tokenized references). Not measured here: 8,000 steps
-of 8,192 tokens would take about 7 hours on the 2-core development CPU (an
-estimate from the default recipe's measured 1.66 s per 4,096-token step), and
-a few minutes on a GPU.
+of 8,192 tokens would take about 7 hours on the 2-core development CPU's AVX2
+host (an estimate from the default recipe's measured 1.66 s per 4,096-token
+step there), about 3.5 hours on its AVX-512 host (0.75 s per step), and a few
+minutes on a GPU.
 """
 
 from seq2seq.config import base_config
