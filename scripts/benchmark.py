@@ -9,7 +9,8 @@ backward pass) and MFU against a matrix multiply measured in the same run (and
 the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
 and tokens/s, against decoders that recompute cross-attention keys and values
 every step (as written, which XLA partly hoists out of the loop, and forced to
-run per step), measured in the same process.
+run per step), measured in the same process. --profile: where the time of each
+goes (seq2seq/profile.py), one more JSON line per mode and beam.
 """
 
 from seq2seq import allocator, errors
@@ -39,6 +40,9 @@ _DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding
 _SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.")
 _OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.")
 _BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Decoding: beam sizes (1: greedy).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode with the JAX "
+                             "profiler: the share of matmuls, random bits, gathers, top_k, "
+                             "copies and the rest, and the slowest XLA instructions.")
 
 
 def main(argv):
@@ -53,6 +57,12 @@ def main(argv):
     for result in benchmark.decode_benchmark(
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
+      print(json.dumps(result), flush=True)
+  if _PROFILE.value:
+    for result in benchmark.profile_benchmarks(
+        **sizes, batch=_BATCH.value, length=_LENGTH.value, dtype=_DTYPE.value,
+        decode_batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
+        beams=[int(b) for b in _BEAMS.value], modes=_MODE.value):
       print(json.dumps(result), flush=True)
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from seq2seq import decoding, train
+from seq2seq import decoding, profile, train
 from seq2seq.config import base_config
 from seq2seq.models import build_model
 
@@ -83,6 +83,18 @@ def _random_batch(batch: int, length: int, vocab: int) -> dict:
   return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt}
 
 
+def _train_setup(layers, dim, heads, mlp, vocab, batch, length, dtype):
+  """The config, the (unjitted) train step and its arguments at these shapes."""
+  c = transformer_config(layers, dim, heads, mlp)
+  c.train.dtype = dtype
+  graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
+  optimizer = train.make_optimizer(c.train)
+  step = functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
+                           label_smoothing=0.1)
+  state = train.new_train_state(params, optimizer)
+  return c, step, state, _random_batch(batch, length, vocab), jax.random.key(0)
+
+
 def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
                     steps=10, dtype="float32") -> dict:
   """Step time, target tokens/s, FLOPs and MFU of the jitted train step at fixed shapes.
@@ -90,14 +102,8 @@ def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=6
   `dtype` is the computation's (`config.train.dtype`: parameters and optimizer
   state stay float32); the reference matmul and the vendor peak use the same.
   """
-  c = transformer_config(layers, dim, heads, mlp)
-  c.train.dtype = dtype
-  graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
-  optimizer = train.make_optimizer(c.train)
-  step = jax.jit(functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
-                                   label_smoothing=0.1), donate_argnums=0)
-  state = train.new_train_state(params, optimizer)
-  data, key = _random_batch(batch, length, vocab), jax.random.key(0)
+  c, step, state, data, key = _train_setup(layers, dim, heads, mlp, vocab, batch, length, dtype)
+  step = jax.jit(step, donate_argnums=0)
   state, _ = jax.block_until_ready(step(state, data, key))  # compile
   best = float("inf")
   for _ in range(steps):
@@ -191,4 +197,24 @@ def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=
     results.append({"benchmark": "decode", "beam": beam, **{
         f"speedup_vs_{impl}": round(seconds[impl] / seconds["ours"], 3)
         for impl in DECODERS if impl != "ours"}})
+  return results
+
+
+def profile_benchmarks(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
+                       dtype="float32", decode_batch=32, src_len=40, out_len=40,
+                       beams=(1, 4), modes=("train", "decode")) -> list[dict]:
+  """`profile.profile_ops` of the train step and of our decoders at the benchmark's shapes."""
+  results = []
+  if "train" in modes:
+    _, step, state, data, key = _train_setup(layers, dim, heads, mlp, vocab, batch, length,
+                                             dtype)
+    results.append({"profile": "train", "batch": batch, "length": length, "dtype": dtype,
+                    **profile.profile_ops(jax.jit(step), state, data, key)})
+  if "decode" in modes:
+    model = build_model(transformer_config(layers, dim, heads, mlp), vocab)
+    src = _random_batch(decode_batch, src_len, vocab)["src"]
+    for beam in beams:
+      search = jax.jit(functools.partial(_search, model, beam=beam, out_len=out_len, impl="ours"))
+      results.append({"profile": "decode", "beam": beam, "batch": decode_batch,
+                      "out_len": out_len, **profile.profile_ops(search, src)})
   return results

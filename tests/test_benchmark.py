@@ -1,11 +1,12 @@
 """The benchmark's FLOP count against XLA's own count of the compiled forward pass."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import benchmark
+from seq2seq import benchmark, profile
 from seq2seq.models import build_model
 
 
@@ -43,3 +44,41 @@ def test_decode_baselines_translate_exactly_like_ours():
                for impl in benchmark.DECODERS}
     for impl, ids in outputs.items():
       np.testing.assert_array_equal(ids, outputs["ours"], err_msg=f"{impl}, beam {beam}")
+
+
+def _mixed(x, w, key):
+  """One of each kind profile.classify tells apart."""
+  scores = jnp.einsum("bqd,bkd->bqk", x, x)  # batched dot
+  y = jnp.tanh(x.reshape(-1, x.shape[-1]) @ w)  # matmul
+  keep = jax.random.bernoulli(key, 0.9, y.shape)  # random bits
+  rows = y[jnp.argsort(y[:, 0])]  # gather
+  top = jax.lax.top_k(rows.sum(-1), 3)[0]  # top_k
+  return scores.sum() + jnp.where(keep, rows, 0.0).sum() + top.sum()
+
+
+def test_profile_classifies_each_kind_of_instruction():
+  x = jnp.ones((2, 5, 8))
+  w = jnp.ones((8, 16))
+  hlo = jax.jit(_mixed).lower(x, w, jax.random.key(0)).compile().as_text()
+  kinds = {kind for kind, _ in profile.classify(hlo).values()}
+  assert {"matmul", "batched dot", "random bits", "gather", "top_k"} <= kinds
+
+
+def test_profile_shares_add_up_and_rank_instructions():
+  w = jax.random.normal(jax.random.key(0), (256, 256))
+  result = profile.profile_ops(jax.jit(lambda w: jnp.tanh(w @ w) @ w), w, calls=2, top=3)
+  assert sum(result["share"].values()) == pytest.approx(1.0, abs=0.01)
+  assert set(result["share"]) == set(profile.KINDS)
+  assert result["share"]["matmul"] > 0
+  times = [row["ms_per_call"] for row in result["top"]]
+  assert times == sorted(times, reverse=True) and len(times) <= 3
+  assert result["top"][0]["shape"].startswith("f32[256,256]")
+
+
+def test_profile_benchmarks_cover_each_mode():
+  results = benchmark.profile_benchmarks(layers=1, dim=32, heads=2, mlp=64, vocab=100, batch=4,
+                                         length=6, decode_batch=2, src_len=5, out_len=4,
+                                         beams=(2,))
+  assert [(r["profile"], r.get("beam")) for r in results] == [("train", None), ("decode", 2)]
+  assert results[0]["share"]["random bits"] > 0  # dropout masks, drawn in training only
+  assert results[1]["share"]["random bits"] == 0

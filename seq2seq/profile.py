@@ -1,0 +1,105 @@
+"""Where a jitted function's time goes: XLA instruction times from a JAX profiler trace.
+
+`profile_ops` traces a few calls of a compiled function with `jax.profiler`,
+sums the duration of every XLA instruction the trace records, and groups them
+by what they compute, read from the optimized HLO:
+
+- `matmul`: dots, and fusions whose body holds one (XLA:CPU's YNNPACK fusions
+  put a matmul together with its bias, activation or following reduction);
+- `batched dot`: dots with batch dimensions (attention's scores and weighted
+  sums, one small product per sentence and head);
+- `random bits`: instructions made for `jax.random` (dropout masks);
+- `gather`: gathers, and fusions that hold one (beam search's cache reorder);
+- `top_k`, `copy`, and `other` (elementwise and reductions).
+
+The figures are the profiler's, so they carry its overhead: compare the
+shares, and time the function itself with the benchmark.
+"""
+
+import collections
+import gzip
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import jax
+
+KINDS = ("matmul", "batched dot", "random bits", "gather", "top_k", "copy", "other")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^)]*\)|\S+) ([\w\-]+)\(", re.M)
+_COMPUTATION = re.compile(r"^%?([\w.\-]+) .*\{\s*$", re.M)
+
+
+def _computations(hlo: str) -> dict[str, str]:
+  """Computation name -> its body text."""
+  starts = [(m.group(1), m.end()) for m in _COMPUTATION.finditer(hlo)]
+  bodies = {}
+  for (name, start), nxt in zip(starts, starts[1:] + [(None, len(hlo))], strict=True):
+    bodies[name] = hlo[start:nxt[1]]
+  return bodies
+
+
+def classify(hlo: str) -> dict[str, tuple[str, str]]:
+  """Instruction name -> (kind, its shape), for every instruction of an optimized HLO text."""
+  bodies = _computations(hlo)
+  kinds = {}
+  for match in _INSTRUCTION.finditer(hlo):
+    name, shape, opcode = match.groups()
+    line = hlo[match.start():hlo.find("\n", match.start())]
+    called = re.search(r"calls=%?([\w.\-]+)", line)
+    body = bodies.get(called.group(1), "") if called else ""
+    if (opcode == "dot" or " dot(" in body) and "lhs_batch_dims" in line + body:
+      kind = "batched dot"
+    elif opcode == "dot" or " dot(" in body or "convolution(" in body:
+      kind = "matmul"
+    elif "random" in line or "bernoulli" in line or "threefry" in line:
+      kind = "random bits"
+    elif opcode == "gather" or " gather(" in body:
+      kind = "gather"
+    elif 'custom_call_target="TopK"' in line or opcode == "sort":
+      kind = "top_k"
+    elif opcode == "copy" or re.search(r"ROOT \S+ = \S+ copy\(", body):
+      kind = "copy"
+    else:
+      kind = "other"
+    kinds[name] = (kind, shape)
+  return kinds
+
+
+def _instruction_times(trace_dir: Path) -> collections.Counter:
+  """Summed microseconds per traced event name, from the trace the profiler wrote."""
+  times = collections.Counter()
+  for path in trace_dir.rglob("*.trace.json.gz"):
+    with gzip.open(path, "rt") as f:
+      for event in json.load(f)["traceEvents"]:
+        if event.get("ph") == "X":
+          times[event["name"]] += event.get("dur", 0)
+  return times
+
+
+def profile_ops(fn, *args, calls: int = 3, top: int = 12) -> dict:
+  """Traces `calls` calls of `fn(*args)` (a jitted function) and sums its XLA instructions.
+
+  `fn` must accept the same `args` again (no donated arguments). Returns the
+  traced milliseconds per call, the share of each kind (`KINDS`), and the
+  `top` instructions by time with their kind and shape.
+  """
+  kinds = classify(fn.lower(*args).compile().as_text())
+  jax.block_until_ready(fn(*args))
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp):
+      for _ in range(calls):
+        jax.block_until_ready(fn(*args))
+    times = _instruction_times(Path(tmp))
+  ours = {name: us for name, us in times.items() if name in kinds}
+  total = sum(ours.values())
+  if not total:
+    raise RuntimeError("The profiler recorded no XLA instruction of this function.")
+  by_kind = collections.Counter()
+  for name, us in ours.items():
+    by_kind[kinds[name][0]] += us
+  ranked = sorted(ours.items(), key=lambda item: -item[1])[:top]
+  return {"traced_ms_per_call": round(total / calls / 1e3, 2),
+          "share": {kind: round(by_kind[kind] / total, 3) for kind in KINDS},
+          "top": [{"instruction": name, "kind": kinds[name][0], "shape": kinds[name][1],
+                   "ms_per_call": round(us / calls / 1e3, 2)} for name, us in ranked]}
