@@ -85,8 +85,8 @@ def test_no_family_or_variant_is_named_outside_models():
                                   for n in names}
   found = {str(p.relative_to(ROOT)): spelled for p in PACKAGE.rglob("*.py")
            if "models" not in p.parts and (spelled := spelled_names(p, names))}
-  # A homonym: the learning-rate schedule `linear`, not the attention variant.
-  homonyms = {"seq2seq/train_state.py": {"linear"}}
+  # Homonyms: the learning-rate schedule `linear` and XLA's `dot` opcode, not the variants.
+  homonyms = {"seq2seq/train_state.py": {"linear"}, "seq2seq/profile.py": {"dot"}}
   assert {path: spelled for path, spelled in found.items()
           if {name for _, name in spelled} - homonyms.get(path, set())} == {}
 
