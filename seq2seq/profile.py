@@ -84,12 +84,13 @@ def profile_ops(fn, *args, calls: int = 3, top: int = 12) -> dict:
   traced milliseconds per call, the share of each kind (`KINDS`), and the
   `top` instructions by time with their kind and shape.
   """
-  kinds = classify(fn.lower(*args).compile().as_text())
-  jax.block_until_ready(fn(*args))
+  compiled = fn.lower(*args).compile()  # Traced below as classified: compiled once.
+  kinds = classify(compiled.as_text())
+  jax.block_until_ready(compiled(*args))
   with tempfile.TemporaryDirectory() as tmp:
     with jax.profiler.trace(tmp):
       for _ in range(calls):
-        jax.block_until_ready(fn(*args))
+        jax.block_until_ready(compiled(*args))
     times = _instruction_times(Path(tmp))
   ours = {name: us for name, us in times.items() if name in kinds}
   total = sum(ours.values())
