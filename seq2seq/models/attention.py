@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.models.dropout import Dropout
 from seq2seq.models.masks import Mask
 
 
@@ -294,7 +295,7 @@ class MultiHeadAttention(nnx.Module):
     self.score_params = self.variant.init(num_heads, head_dim, max_keys, rngs)
     linear = lambda: nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = linear(), linear(), linear(), linear()
-    self.dropout = nnx.Dropout(dropout_rate)
+    self.dropout = Dropout(dropout_rate)
 
   @property
   def variant(self) -> Variant:

@@ -30,6 +30,7 @@ from flax import nnx
 from seq2seq.data.tokenizer import PAD_ID
 from seq2seq.models import masks
 from seq2seq.models.attention import SCORES, attend
+from seq2seq.models.dropout import Dropout
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
@@ -129,7 +130,7 @@ class RNN(nnx.Module):
     embed = functools.partial(nnx.Embed, vocab_size, emb, dtype=dtype, rngs=rngs)
     self.src_embed = embed()
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
-    self.dropout = nnx.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
     directions = 2 if cfg.bidirectional else 1
     self.encoder_forward = nnx.List([

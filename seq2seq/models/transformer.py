@@ -17,6 +17,7 @@ from flax import nnx
 
 from seq2seq.models import masks
 from seq2seq.models.attention import VARIANTS, MultiHeadAttention
+from seq2seq.models.dropout import Dropout
 
 KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
 
@@ -41,7 +42,7 @@ def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
 
-def _dropout(layer: nnx.Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.ndarray:
+def _dropout(layer: Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.ndarray:
   return layer(x, deterministic=rngs is None, rngs=rngs)
 
 
@@ -49,7 +50,7 @@ class FeedForward(nnx.Module):
   def __init__(self, dim: int, hidden: int, dropout_rate: float, rngs: nnx.Rngs, dtype=None):
     self.wi = nnx.Linear(dim, hidden, dtype=dtype, rngs=rngs)
     self.wo = nnx.Linear(hidden, dim, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(dropout_rate)
+    self.dropout = Dropout(dropout_rate)
 
   def __call__(self, x, rngs=None):
     return self.wo(_dropout(self.dropout, jax.nn.relu(self.wi(x)), rngs))
@@ -62,7 +63,7 @@ class Sublayers(nnx.Module):
     self.pre_ln = cfg.pre_ln
     self.norms = nnx.List([nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)
                            for _ in range(count)])
-    self.dropout = nnx.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def input(self, i: int, x):
     """What sublayer i sees: the normalized stream (pre-LN) or the stream itself."""
@@ -164,7 +165,7 @@ class Transformer(nnx.Module):
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
     self.logits_dense = None if cfg.share_embeddings else nnx.Linear(
         cfg.emb_dim, vocab_size, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
     self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype)
                                     for _ in range(cfg.num_encoder_layers)])
     self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs, dtype)
