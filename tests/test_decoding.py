@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from seq2seq import decoding
+from seq2seq.config import base_config
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.models import build_model
 
@@ -172,3 +173,34 @@ def test_sampling_draws_only_from_the_top_k():
   again = decoding.greedy_search(step, jnp.zeros((500,)), 500, 2,
                                  sample_key=jax.random.key(0), top_k=2)[:, 0]
   np.testing.assert_array_equal(first, again)
+
+
+@pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])
+def test_top_k_by_chunks_equals_lax_top_k(n, k):
+  x = jax.random.normal(jax.random.key(0), (5, n))
+  x = x.at[1].set(jnp.round(x[1] * 2) / 2)  # Many ties: the lower index must win.
+  x = x.at[2, : n // 2].set(-1e9)  # Dead beams' candidates, as in beam search.
+  values, index = decoding.top_k(x, k, chunk=64)
+  expected_values, expected_index = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(values, expected_values)
+  np.testing.assert_array_equal(index, expected_index)
+
+
+def test_beams_sharing_one_memory_row_equal_beams_with_copies():
+  """The Transformer's `for_beams` memory (one row per sentence) decodes as the copied one."""
+  c = base_config()
+  c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = 32, 4, 64
+  c.model.num_encoder_layers = c.model.num_decoder_layers = 2
+  model = build_model(c, 30)
+  memory = model.encode(SRC)
+  shared = decoding.expand_to_beams(memory, 3)
+  copied = jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 3, axis=0), memory)
+  assert shared.cross_kv[0][0].shape[0] == 3 and copied.cross_kv[0][0].shape[0] == 9
+  results = [decoding.beam_search(functools.partial(model.decode_step, m),
+                                  model.init_cache(m, 8), 3, 8, beam_size=3, alpha=0.6)
+             for m in (shared, copied)]
+  np.testing.assert_array_equal(results[0][0], results[1][0])
+  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
+  logits = [model.decode_step(m, model.init_cache(m, 8), jnp.arange(9, dtype=jnp.int32))[0]
+            for m in (shared, copied)]
+  np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)

@@ -278,6 +278,18 @@ def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
   return x.transpose(0, 2, 1, 3).reshape(b, length, h * d)
 
 
+def _group_rows(x: jnp.ndarray, groups: int) -> jnp.ndarray:
+  """`[batch * groups, heads, q, d]` -> `[batch, heads, groups * q, d]`."""
+  rows, h, q, d = x.shape
+  return x.reshape(rows // groups, groups, h, q, d).swapaxes(1, 2).reshape(-1, h, groups * q, d)
+
+
+def _ungroup_rows(x: jnp.ndarray, groups: int) -> jnp.ndarray:
+  """The inverse of `_group_rows`."""
+  b, h, gq, d = x.shape
+  return x.reshape(b, h, groups, gq // groups, d).swapaxes(1, 2).reshape(-1, h, gq // groups, d)
+
+
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention with the variant chosen by name.
 
@@ -313,8 +325,15 @@ class MultiHeadAttention(nnx.Module):
     Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked.
     """
     query = split_heads(self.query(x), self.num_heads)
+    # Fewer key rows than query rows: each sentence's keys serve `groups` adjacent query
+    # rows (its beams), which attend together as one row's `groups * q` queries.
+    groups = query.shape[0] // keys.shape[0]
+    if groups > 1:
+      query = _group_rows(query, groups)
     context, weights = self.variant.attend(query, keys, values, mask, self.score_params,
                                            self.window)
+    if groups > 1:
+      context, weights = _ungroup_rows(context, groups), _ungroup_rows(weights, groups)
     # Dropout on the attention weights only changes the weighted sum.
     if rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout:
       dropped = self.dropout(weights, deterministic=False, rngs=rngs)

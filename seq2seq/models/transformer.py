@@ -28,6 +28,16 @@ class Memory(NamedTuple):
   src_mask: masks.Mask  # real source tokens
   cross_kv: tuple[KeyValue, ...]  # per decoder layer: projected encoder keys/values
 
+  def for_beams(self, beam_size: int) -> "Memory":
+    """The memory of `beam_size` hypotheses per sentence (`decoding.expand_to_beams`).
+
+    `encoded` gets a row per hypothesis (the cache is sized from it); the mask and
+    the cross-attention keys/values stay one row per sentence, which its beams'
+    queries share (`MultiHeadAttention` groups them): beam search then reads a
+    quarter of the memory at beam 4, and copies none of it.
+    """
+    return self._replace(encoded=jnp.repeat(self.encoded, beam_size, axis=0))
+
 
 class Cache(NamedTuple):
   """Decoder self-attention state for step-by-step decoding."""
