@@ -153,9 +153,9 @@ DECODERS = {
 
 def _search(model, src, *, beam, out_len, impl):
   memory = model.encode(src)
-  if beam > 1:
-    memory = decoding.expand_to_beams(memory, beam)
   baseline = DECODERS[impl]
+  if beam > 1:
+    memory = decoding.expand_to_beams(memory, beam, copy_all=baseline is not None)
   step = (functools.partial(model.decode_step, memory) if baseline is None
           else functools.partial(baseline, model, memory))
   cache = model.init_cache(memory, out_len)

@@ -66,15 +66,17 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def expand_to_beams(tree, beam_size: int):
+def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
   """Repeats every batch-major array of a memory/cache pytree `beam_size` times.
 
   `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent;
   scalars (positions, step counters) are shared and left as they are. A memory
   with a `for_beams(beam_size)` method expands itself instead (the Transformer's
-  keeps one copy of what the beams only read).
+  keeps one copy of what the beams only read), unless `copy_all` asks for a copy
+  of everything per beam (a decoder without shared memory: the benchmark's
+  baselines).
   """
-  if hasattr(tree, "for_beams"):
+  if hasattr(tree, "for_beams") and not copy_all:
     return tree.for_beams(beam_size)
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
 
