@@ -194,7 +194,7 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
   model = build_model(c, 30)
   memory = model.encode(SRC)
   shared = decoding.expand_to_beams(memory, 3)
-  copied = jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 3, axis=0), memory)
+  copied = decoding.expand_to_beams(memory, 3, copy_all=True)
   assert shared.cross_kv[0][0].shape[0] == 3 and copied.cross_kv[0][0].shape[0] == 9
   results = [decoding.beam_search(functools.partial(model.decode_step, m),
                                   model.init_cache(m, 8), 3, 8, beam_size=3, alpha=0.6)

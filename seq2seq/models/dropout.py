@@ -12,6 +12,8 @@ the shape, the same on any device layout. On the side-by-side harness's train
 step the masks take about an eighth of `bernoulli`'s time (README, speed).
 """
 
+import math
+
 import jax
 import jax.extend.random as jex_random
 import jax.numpy as jnp
@@ -23,9 +25,7 @@ _BITS = 16
 def keep_mask(key: jax.Array, shape: tuple[int, ...], keep: float) -> tuple[jax.Array, float]:
   """A boolean `shape` mask, True with probability ~`keep`, and that exact probability."""
   threshold = round(keep * 2**_BITS)
-  size = 1
-  for n in shape:
-    size *= n
+  size = math.prod(shape)
   words = -(-size * _BITS // 32)
   if words % 2:  # Threefry-2x32 turns each pair of counters into two words.
     words += 1
