@@ -81,6 +81,22 @@ def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
 
 
+def cache_lengths(max_len: int, first: int = 8) -> tuple[int, ...]:
+  """The cache sizes beam search decodes with, one phase each: 8, 16, 32, ..., `max_len`.
+
+  Every beam-search step copies the whole cache (each hypothesis takes its
+  parent's keys and values), and self-attention reads all of it; a cache sized
+  for `max_len` from the first step copies and reads slots that nothing has
+  written yet. Doubling the size between phases keeps the cache at most twice
+  the filled part, for one more compiled copy of the step per phase.
+  """
+  lengths = []
+  while first < max_len:
+    lengths.append(first)
+    first *= 2
+  return (*lengths, max_len)
+
+
 def top_k(x: jnp.ndarray, k: int, chunk: int = 128) -> tuple[jnp.ndarray, jnp.ndarray]:
   """`jax.lax.top_k` of `x [rows, n]`, searching only the chunks that can hold a winner.
 
@@ -113,9 +129,14 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
   of any sentence (with alpha >= 0 a live score can only fall below
   `log_prob / length_penalty(max_len)`), or after `max_len` steps.
 
+  A cache with a `resized(length)` method (the Transformer's) is grown in
+  phases (`cache_lengths`): each phase is its own loop over a cache of fixed
+  size, and the result equals one loop over the full-size cache.
+
   Args:
     step_fn: see the module docstring; works on `batch * beam` rows.
-    cache: the initial cache, already expanded with `expand_to_beams`.
+    cache: the initial cache, already expanded with `expand_to_beams` (room for
+      `max_len` tokens; a resizable one may be any size).
     batch_size: number of sentences.
     max_len: most tokens per hypothesis (EOS included).
     beam_size: live hypotheses per sentence.
@@ -142,10 +163,10 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     """Upper bound of any live hypothesis' final score, per sentence `[b]`."""
     return state["alive_log_probs"][:, 0] / length_penalty(max_len, alpha)
 
-  def cond(state):
+  def cond(end, state):
     nth_finished = state["finished_scores"][:, nbest - 1]
     can_improve = best_possible(state) > nth_finished
-    return (state["i"] < max_len) & jnp.any(can_improve)
+    return (state["i"] < end) & jnp.any(can_improve)
 
   def body(state):
     i = state["i"]
@@ -181,7 +202,11 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
            "last": jnp.full((b, k), BOS_ID, jnp.int32), "alive_seq": empty,
            "alive_log_probs": alive_log_probs, "finished_seq": empty,
            "finished_scores": jnp.full((b, k), neg_inf)}
-  state = jax.lax.while_loop(cond, body, state)
+  resizable = hasattr(cache, "resized")
+  for length in cache_lengths(max_len) if resizable else (max_len,):
+    if resizable:
+      state["cache"] = state["cache"].resized(length)
+    state = jax.lax.while_loop(functools.partial(cond, length), body, state)
 
   # Finished hypotheses come first; a sentence with fewer than nbest of them
   # (max_len reached) is completed with live ones, scored as if they ended there.

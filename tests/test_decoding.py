@@ -204,3 +204,60 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
   logits = [model.decode_step(m, model.init_cache(m, 8), jnp.arange(9, dtype=jnp.int32))[0]
             for m in (shared, copied)]
   np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
+
+
+def test_cache_lengths_double_up_to_max_len():
+  assert decoding.cache_lengths(40) == (8, 16, 32, 40)
+  assert decoding.cache_lengths(64) == (8, 16, 32, 64)
+  assert decoding.cache_lengths(9) == (8, 9)
+  assert decoding.cache_lengths(8) == (8,)
+  assert decoding.cache_lengths(3) == (3,)
+
+
+@pytest.mark.parametrize("attention", ["scaled_dot", "local"])
+def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatch):
+  """Growing the Transformer's cache 8 -> 16 -> 20 decodes exactly as a 20-slot cache."""
+  c = base_config()
+  c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = 32, 4, 64
+  c.model.num_encoder_layers = c.model.num_decoder_layers = 2
+  c.model.attention, c.model.attention_window = attention, 3
+  model = build_model(c, 30)
+  memory = decoding.expand_to_beams(model.encode(SRC), 3)
+  cache = model.init_cache(memory, 20)
+
+  def step(cache, token_ids):  # Never EOS: every hypothesis runs through all three phases.
+    logits, cache = model.decode_step(memory, cache, token_ids)
+    return logits.at[:, EOS_ID].set(-1e9), cache
+
+  def search():
+    return jax.jit(lambda cache: decoding.beam_search(step, cache, 3, 20, beam_size=3,
+                                                      alpha=0.6, nbest=3))(cache)
+
+  phased = search()
+  monkeypatch.setattr(decoding, "cache_lengths", lambda max_len: (max_len,))
+  whole = search()
+  assert np.all(np.asarray(whole[0]) != PAD_ID)
+  np.testing.assert_array_equal(phased[0], whole[0])
+  np.testing.assert_array_equal(phased[1], whole[1])
+
+
+def test_transformer_cache_resized_keeps_written_slots():
+  c = base_config()
+  c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = 32, 4, 64
+  model = build_model(c, 30)
+  memory = model.encode(SRC)
+  cache = model.init_cache(memory, 4)
+  for token in (5, 6, 7):
+    _, cache = model.decode_step(memory, cache, jnp.full((3,), token, jnp.int32))
+  grown = cache.resized(10)
+  assert grown.self_kv[0][0].shape[2] == 10 and int(grown.index) == 3
+  for kv, grown_kv in zip(cache.self_kv, grown.self_kv, strict=True):
+    for x, grown_x in zip(kv, grown_kv, strict=True):
+      np.testing.assert_array_equal(grown_x[:, :, :4], x)
+      np.testing.assert_array_equal(grown_x[:, :, 4:], 0.0)
+  cut = grown.resized(3)
+  np.testing.assert_array_equal(cut.self_kv[1][0], cache.self_kv[1][0][:, :, :3])
+  # The next step sees the same slots, whatever the cache's size.
+  logits = [model.decode_step(memory, x, jnp.full((3,), 8, jnp.int32))[0]
+            for x in (cache, grown)]
+  np.testing.assert_allclose(logits[0], logits[1], atol=1e-6)

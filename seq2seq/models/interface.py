@@ -12,8 +12,13 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-Memory = Any  # A family's encoder output: a pytree the decoder takes back.
-Cache = Any  # A family's step-by-step decoding state: a pytree.
+# A family's encoder output: a pytree the decoder takes back. It may offer
+# `for_beams(beam_size)` (see `decoding.expand_to_beams`).
+Memory = Any
+# A family's step-by-step decoding state: a pytree. One with a time axis may offer
+# `resized(length)`, the same state with room for `length` tokens: beam search then
+# grows it in phases (`decoding.cache_lengths`).
+Cache = Any
 
 
 class Seq2SeqModel(Protocol):

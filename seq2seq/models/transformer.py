@@ -44,6 +44,18 @@ class Cache(NamedTuple):
   self_kv: tuple[KeyValue, ...]  # per decoder layer, [batch, heads, max_len, head_dim]
   index: jnp.ndarray  # scalar int32: position of the next token
 
+  def resized(self, length: int) -> "Cache":
+    """The same state with room for `length` tokens (beam search grows it in phases).
+
+    Unwritten slots are zeros and masked out, so padding with zeros or cutting
+    unwritten slots changes no result; cut only slots past `index`.
+    """
+    def fit(x):
+      if length <= x.shape[2]:
+        return x[:, :, :length]
+      return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+    return self._replace(self_kv=tuple((fit(k), fit(v)) for k, v in self.self_kv))
+
 
 def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
   """Sinusoidal position encodings, `[...] -> [..., dim]` (Vaswani et al., 3.5)."""
