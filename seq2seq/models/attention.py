@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.models.dropout import Dropout
+from seq2seq.models.linear import Linear
 from seq2seq.models.masks import Mask
 
 
@@ -305,7 +306,7 @@ class MultiHeadAttention(nnx.Module):
     self.window = window
     head_dim = dim // num_heads
     self.score_params = self.variant.init(num_heads, head_dim, max_keys, rngs)
-    linear = lambda: nnx.Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
+    linear = lambda: Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = linear(), linear(), linear(), linear()
     self.dropout = Dropout(dropout_rate)
 

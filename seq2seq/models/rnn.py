@@ -31,6 +31,7 @@ from seq2seq.data.tokenizer import PAD_ID
 from seq2seq.models import masks
 from seq2seq.models.attention import SCORES, attend
 from seq2seq.models.dropout import Dropout
+from seq2seq.models.linear import Linear
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
@@ -126,7 +127,7 @@ class RNN(nnx.Module):
     hidden, emb = cfg.rnn_hidden_dim, cfg.emb_dim
     self.hidden = hidden
     cell = functools.partial(CELLS[cfg.rnn_cell], dtype=dtype)
-    linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
+    linear = functools.partial(Linear, dtype=dtype, rngs=rngs)
     embed = functools.partial(nnx.Embed, vocab_size, emb, dtype=dtype, rngs=rngs)
     self.src_embed = embed()
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()

@@ -18,6 +18,7 @@ from flax import nnx
 from seq2seq.models import masks
 from seq2seq.models.attention import VARIANTS, MultiHeadAttention
 from seq2seq.models.dropout import Dropout
+from seq2seq.models.linear import Linear
 
 KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
 
@@ -70,8 +71,8 @@ def _dropout(layer: Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.ndarr
 
 class FeedForward(nnx.Module):
   def __init__(self, dim: int, hidden: int, dropout_rate: float, rngs: nnx.Rngs, dtype=None):
-    self.wi = nnx.Linear(dim, hidden, dtype=dtype, rngs=rngs)
-    self.wo = nnx.Linear(hidden, dim, dtype=dtype, rngs=rngs)
+    self.wi = Linear(dim, hidden, dtype=dtype, rngs=rngs)
+    self.wo = Linear(hidden, dim, dtype=dtype, rngs=rngs)
     self.dropout = Dropout(dropout_rate)
 
   def __call__(self, x, rngs=None):
@@ -185,7 +186,7 @@ class Transformer(nnx.Module):
     self.src_embed = embed()
     # Sharing one table ties source, target and output (Press & Wolf, 2017).
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
-    self.logits_dense = None if cfg.share_embeddings else nnx.Linear(
+    self.logits_dense = None if cfg.share_embeddings else Linear(
         cfg.emb_dim, vocab_size, dtype=dtype, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate)
     self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype)
