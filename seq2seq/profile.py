@@ -14,16 +14,25 @@ by what they compute, read from the optimized HLO:
 
 The figures are the profiler's, so they carry its overhead: compare the
 shares, and time the function itself with the benchmark.
+
+`dots_alone` re-runs every matrix product of the optimized HLO by itself, at
+its shapes and dimension numbers, and reports each one's rate: the function's
+matmul floor on this machine, and which products XLA runs slower than the rest
+(how the transposed weight gradients of `models/linear.py` were found).
 """
 
 import collections
+import functools
 import gzip
 import json
+import math
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 KINDS = ("matmul", "batched dot", "random bits", "gather", "top_k", "copy", "other")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^)]*\)|\S+) ([\w\-]+)\(", re.M)
@@ -77,15 +86,67 @@ def _instruction_times(trace_dir: Path) -> collections.Counter:
   return times
 
 
+_DOT = re.compile(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)(.*)")
+_ARRAY = re.compile(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]")
+
+
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64}
+
+
+def _dims(text: str) -> tuple[int, ...]:
+  return tuple(int(d) for d in text.split(",") if d)
+
+
+def dots_alone(hlo: str, repeats: int = 5, top: int = 8) -> dict:
+  """Every dot of an optimized HLO text, run alone at its shapes (best of `repeats`).
+
+  Dots inside loop bodies count once. Returns the summed milliseconds and
+  GFLOP, and the `top` kinds of dot (operand shapes and dimension numbers) by
+  total time, each with its count and GFLOP/s.
+  """
+  kinds = collections.Counter()
+  for body in _computations(hlo).values():
+    arrays = {name: (dtype, _dims(shape)) for name, dtype, shape in _ARRAY.findall(body)}
+    for lhs, rhs, attributes in _DOT.findall(body):
+      dims = [_dims(m.group(1)) if m else () for m in (
+          re.search(rf"{side}_{kind}_dims={{([\d,]*)}}", attributes)
+          for kind in ("contracting", "batch") for side in ("lhs", "rhs"))]
+      if lhs in arrays and rhs in arrays:
+        kinds[(arrays[lhs], arrays[rhs], ((dims[0], dims[1]), (dims[2], dims[3])))] += 1
+  rows = []
+  for ((ldt, lshape), (rdt, rshape), dims), count in kinds.items():
+    if ldt not in _DTYPES or rdt not in _DTYPES:
+      continue
+    x, y = jnp.ones(lshape, _DTYPES[ldt]), jnp.ones(rshape, _DTYPES[rdt])
+    dot = jax.jit(functools.partial(jax.lax.dot_general, dimension_numbers=dims))
+    jax.block_until_ready(dot(x, y))
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(dot(x, y))
+      best = min(best, time.perf_counter() - start)
+    out = math.prod(jax.eval_shape(dot, x, y).shape)
+    flops = 2 * out * math.prod(lshape[d] for d in dims[0][0])
+    rows.append({"lhs": f"{ldt}{list(lshape)}", "rhs": f"{rdt}{list(rshape)}",
+                 "contracting": [list(d) for d in dims[0]], "count": count,
+                 "ms_each": round(best * 1e3, 3), "gflop_s": round(flops / best / 1e9, 1),
+                 "_ms": best * 1e3 * count, "_gflop": flops * count / 1e9})
+  rows.sort(key=lambda row: -row["_ms"])
+  return {"ms": round(sum(row.pop("_ms") for row in rows), 1),
+          "gflop": round(sum(row.pop("_gflop") for row in rows), 4), "top": rows[:top]}
+
+
 def profile_ops(fn, *args, calls: int = 3, top: int = 12) -> dict:
   """Traces `calls` calls of `fn(*args)` (a jitted function) and sums its XLA instructions.
 
   `fn` must accept the same `args` again (no donated arguments). Returns the
-  traced milliseconds per call, the share of each kind (`KINDS`), and the
-  `top` instructions by time with their kind and shape.
+  traced milliseconds per call, the share of each kind (`KINDS`), the `top`
+  instructions by time with their kind and shape, and `dots_alone` of the
+  compiled program.
   """
   compiled = fn.lower(*args).compile()  # Traced below as classified: compiled once.
   kinds = classify(compiled.as_text())
+  alone = dots_alone(compiled.as_text())  # Before tracing: after it, the same dots ran ~15% slower.
   jax.block_until_ready(compiled(*args))
   with tempfile.TemporaryDirectory() as tmp:
     with jax.profiler.trace(tmp):
@@ -101,6 +162,7 @@ def profile_ops(fn, *args, calls: int = 3, top: int = 12) -> dict:
     by_kind[kinds[name][0]] += us
   ranked = sorted(ours.items(), key=lambda item: -item[1])[:top]
   return {"traced_ms_per_call": round(total / calls / 1e3, 2),
+          "dots_alone": alone,
           "share": {kind: round(by_kind[kind] / total, 3) for kind in KINDS},
           "top": [{"instruction": name, "kind": kinds[name][0], "shape": kinds[name][1],
                    "ms_per_call": round(us / calls / 1e3, 2)} for name, us in ranked]}

@@ -82,3 +82,19 @@ def test_profile_benchmarks_cover_each_mode():
   assert [(r["profile"], r.get("beam")) for r in results] == [("train", None), ("decode", 2)]
   assert results[0]["share"]["random bits"] > 0  # dropout masks, drawn in training only
   assert results[1]["share"]["random bits"] == 0
+
+
+def test_dots_alone_finds_every_product_with_its_flops():
+  def fn(x, w, v):
+    return jnp.tanh(x @ w) @ w, jnp.einsum("bqd,bkd->bqk", v, v)
+
+  x, w, v = jnp.ones((64, 128)), jnp.ones((128, 128)), jnp.ones((3, 5, 8))
+  result = profile.dots_alone(jax.jit(fn).lower(x, w, v).compile().as_text(), repeats=1)
+  rows = {(row["lhs"], row["rhs"]): row for row in result["top"]}
+  assert rows[("f32[64, 128]", "f32[128, 128]")]["count"] == 2
+  batched = rows[("f32[3, 5, 8]", "f32[3, 5, 8]")]
+  assert batched["count"] == 1 and batched["contracting"] == [[2], [2]]
+  assert result["gflop"] == pytest.approx((2 * 2 * 64 * 128 * 128 + 2 * 3 * 5 * 5 * 8) / 1e9,
+                                          abs=1e-4)
+  assert result["ms"] == pytest.approx(sum(r["ms_each"] * r["count"] for r in result["top"]),
+                                       abs=0.1)
