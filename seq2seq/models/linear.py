@@ -15,16 +15,19 @@ import functools
 import jax
 from flax import nnx
 
-_LAST_BY_FIRST = lambda ndim: (((ndim - 1,), (0,)), ((), ()))  # noqa: E731
+
+def _last_by_first(ndim: int):
+  """Dimension numbers contracting the last axis of an `ndim` array with a matrix's first."""
+  return ((ndim - 1,), (0,)), ((), ())
 
 
 def matrix_dot(x: jax.Array, kernel: jax.Array, dimension_numbers, precision=None,
                out_sharding=None, **kwargs) -> jax.Array:
   """`jax.lax.dot_general` for `nnx.Linear`: `[..., in] x [in, out]` through a 2-D product."""
-  if dimension_numbers != _LAST_BY_FIRST(x.ndim) or out_sharding is not None or x.ndim == 2:
+  if dimension_numbers != _last_by_first(x.ndim) or out_sharding is not None or x.ndim == 2:
     return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision,
                                out_sharding=out_sharding, **kwargs)
-  flat = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel, _LAST_BY_FIRST(2),
+  flat = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel, _last_by_first(2),
                              precision=precision, **kwargs)
   return flat.reshape(*x.shape[:-1], kernel.shape[-1])
 
