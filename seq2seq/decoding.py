@@ -89,9 +89,9 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   parent's keys and values), and self-attention reads all of it; a cache sized
   for `max_len` from the first step copies and reads slots that nothing has
   written yet. Each phase costs one more compiled copy of the step, so phases
-  are no shorter than `shortest` steps (README, "Speed on the 2-core CPU": on
-  test_2016, halving once gave most of the speed of doubling from 8 slots,
-  without its compile time).
+  are no shorter than `shortest` steps (README, "Speed on the 2-core CPU":
+  phases doubling from 8 slots compiled enough more to slow down a test_2016
+  evaluation).
   """
   lengths = [max_len]
   while lengths[0] // 2 >= shortest:
