@@ -248,14 +248,16 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   if not path.exists():
     return
   saved = json.loads(path.read_text(encoding="utf-8"))
-  differ = []
+  differ, flags = [], []
   for section in ("model", "data"):
     for key, value in config[section].to_dict().items():
-      if saved.get(section, {}).get(key, value) != value:
-        differ.append(f"config.{section}.{key}={saved[section][key]!r} (not {value!r})")
+      was = config_lib.saved_value(saved, section, key, value)
+      if was != value:
+        differ.append(f"config.{section}.{key}={was!r} (not {value!r})")
+        flags.append(f"--config.{section}.{key}={was}")
   if differ:
-    raise UserError(f"{workdir} holds a run trained with {', '.join(differ)}; drop those"
-                    " overrides to resume it, or pass a new --workdir.")
+    raise UserError(f"{workdir} holds a run trained with {', '.join(differ)}; resume it with"
+                    f" the run's values ({' '.join(flags)}), or pass a new --workdir.")
 
 
 def save_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:

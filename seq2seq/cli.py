@@ -9,8 +9,8 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from seq2seq import compiling, errors
 from seq2seq import config as config_lib
-from seq2seq import errors
 from seq2seq.errors import Interrupted, UserError
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
@@ -83,6 +83,7 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
   logger.propagate = False
   _catch_interrupts()
   try:
+    compiling.enable_cache()
     fn()
   except UserError as e:
     if flags.FLAGS.verbose:

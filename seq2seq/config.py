@@ -61,7 +61,10 @@ def base_config() -> ml_collections.ConfigDict:
   d.vocab_size = 8000  # Joint SentencePiece vocabulary size (soft limit on tiny corpora).
   d.max_len = 64  # Drop training pairs longer than this many subwords (+BOS/EOS).
   d.tokens_per_batch = 4096  # Token budget of one global training batch (padded).
-  d.bucket_step = 8  # Padded lengths are multiples of this: few shapes to compile.
+  d.bucket_step = 8  # Padded lengths are multiples of this.
+  # Unpacked training pads to at most this many of those lengths, chosen to waste the fewest
+  # tokens; each is one compiled train step (0 = every multiple of bucket_step).
+  d.num_buckets = 2
   d.max_train_examples = 0  # Use only the first N training pairs (0 = all).
   d.pack = False  # Pack several training pairs per row (Transformer only; one shape, less PAD).
 
@@ -241,7 +244,8 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
     if not value > 0:
       raise UserError(f"config.{name}={value} must be positive.")
   non_negative = {
-      "data.max_train_examples": d.max_train_examples, "train.warmup_steps": t.warmup_steps,
+      "data.max_train_examples": d.max_train_examples, "data.num_buckets": d.num_buckets,
+      "train.warmup_steps": t.warmup_steps,
       "train.adam_eps": t.adam_eps, "train.weight_decay": t.weight_decay,
       "train.clip_norm": t.clip_norm, "train.patience": t.patience,
       "eval.max_sentences": e.max_sentences,
@@ -320,10 +324,26 @@ def to_json(config: ml_collections.ConfigDict) -> str:
   return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
+# Fields that changed what a run computes when they were added: the value that a run saved
+# before then was trained with (other new fields' defaults keep the old behaviour).
+BEFORE_FIELD = {("data", "num_buckets"): 0}
+
+
+def saved_value(saved: dict, section: str, key: str, default):
+  """Field `section.key` of a saved run config (a dict from its JSON); `default` if the run
+  predates the field and the field changed nothing."""
+  return saved.get(section, {}).get(key, BEFORE_FIELD.get((section, key), default))
+
+
 def from_json(text: str) -> ml_collections.ConfigDict:
-  """A saved run config over the base config: fields added since the run keep defaults."""
+  """A saved run config over the base config: fields added since the run keep defaults
+  (or, where the field changed what runs compute, `BEFORE_FIELD`'s value)."""
   config = base_config()
-  for section, values in json.loads(text).items():
+  saved = json.loads(text)
+  for (section, key), value in BEFORE_FIELD.items():
+    if key not in saved.get(section, {}):
+      config[section][key] = value
+  for section, values in saved.items():
     if section not in config:
       config[section] = values
       continue

@@ -19,8 +19,8 @@ import numpy as np
 import sacrebleu
 from flax import nnx
 
+from seq2seq import compiling, decoding, layout
 from seq2seq import config as config_lib
-from seq2seq import decoding, layout
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
@@ -83,6 +83,15 @@ def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
                             nbest=nbest, sample_key=key, temperature=temperature, top_k=top_k)
 
 
+def search_fn(graphdef, config, beam_size: int, alpha: float, **search):
+  """`translate_fn` for a run's model and config.eval's decoding lengths, ready to jit:
+  `(params, src) -> (ids, scores)`. `search`: translate_fn's nbest and sampling options."""
+  e = config.eval
+  return functools.partial(translate_fn, graphdef=graphdef, max_len_a=e.max_decode_len_a,
+                           max_len_b=e.max_decode_len_b, max_len_limit=config.model.max_len,
+                           beam_size=beam_size, alpha=alpha, **search)
+
+
 class Translator:
   """A run's model and vocabulary, ready to translate.
 
@@ -126,11 +135,10 @@ class Translator:
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.load_checkpoint(checkpoint, params)
-    self._fn = jax.jit(functools.partial(
-        translate_fn, graphdef=self.graphdef, max_len_a=self.config.eval.max_decode_len_a,
-        max_len_b=self.config.eval.max_decode_len_b, max_len_limit=self.config.model.max_len,
-        beam_size=beam_size, alpha=alpha, nbest=nbest, sample_seed=sample_seed,
-        temperature=temperature, top_k=top_k))
+    self._search = compiling.Programs("search", jax.jit(search_fn(
+        self.graphdef, self.config, beam_size, alpha, nbest=nbest, sample_seed=sample_seed,
+        temperature=temperature, top_k=top_k)), lambda params, src: src.shape,
+        plural="searches")
 
   def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
     """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
@@ -142,10 +150,13 @@ class Translator:
     """Per sentence (ids without EOS), its n-best (output ids, score)."""
     results: list = [None] * len(src_ids)
     empty = [np.zeros(0, np.int32)] * len(src_ids)
-    for batch in batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
-                                       bucket_step=self.config.data.bucket_step,
-                                       max_len=self.config.model.max_len):
-      ids, best = jax.device_get(self._fn(self.params, jnp.asarray(batch["src"])))
+    batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
+                                    bucket_step=self.config.data.bucket_step,
+                                    max_len=self.config.model.max_len)
+    for batch in batches:  # Every shape compiles at once, in parallel.
+      self._search.add(self.params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
+    for batch in batches:
+      ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"])))
       for row, index in enumerate(batch["index"]):
         if index >= 0:
           results[index] = [(ids[row, n], float(best[row, n])) for n in range(self.nbest)]

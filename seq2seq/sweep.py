@@ -14,8 +14,8 @@ from pathlib import Path
 
 import ml_collections
 
+from seq2seq import compiling, layout
 from seq2seq import config as config_lib
-from seq2seq import layout
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 
@@ -117,7 +117,9 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
         break
   else:
     context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
-    with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context) as pool:
+    # Each new process turns on the compilation cache, which they share (only reads race).
+    with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
+                                                initializer=compiling.enable_cache) as pool:
       futures = {pool.submit(_train, config_lib.to_json(run), str(root / name)): name
                  for name, run in todo}
       for future in concurrent.futures.as_completed(futures):

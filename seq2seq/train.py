@@ -31,8 +31,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from seq2seq import compiling, errors, evaluate, layout, models
 from seq2seq import config as config_lib
-from seq2seq import errors, evaluate, layout, models
 from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
@@ -261,7 +261,8 @@ class Trainer:
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
         bucket_step=d.bucket_step, seed=config.train.seed,
         row_multiple=jax.device_count() * config.train.grad_accum_steps,
-        process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack)
+        process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
+        num_buckets=d.num_buckets)
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
@@ -292,22 +293,41 @@ class Trainer:
     self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
                                out_shardings=self.replicated)()
     self.init_state = jax.jit(init, out_shardings=state_sharding)
-    self.train_step = jax.jit(
+    self.abstract_state = jax.tree.map(
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        abstract, state_sharding)
+    # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
+    by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
+    self.train_step = compiling.Programs("train step", jax.jit(
         functools.partial(train_step, graphdef=self.graphdef, optimizer=self.optimizer,
                           label_smoothing=config.train.label_smoothing,
                           accum_steps=config.train.grad_accum_steps),
         in_shardings=(state_sharding, self.data_sharding, self.replicated),
-        out_shardings=(state_sharding, self.replicated), donate_argnums=0)
-    self.eval_step = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
-                             in_shardings=(params_sharding, self.data_sharding),
-                             out_shardings=self.replicated)
-    e = config.eval
-    self.translate_step = jax.jit(
-        functools.partial(evaluate.translate_fn, graphdef=self.graphdef,
-                          max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
-                          max_len_limit=config.model.max_len, beam_size=e.beam_size,
-                          alpha=e.alpha),
-        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.data_sharding)
+        out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape)
+    self.eval_step = compiling.Programs("validation loss", jax.jit(
+        functools.partial(eval_step, graphdef=self.graphdef),
+        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
+        by_batch_shape, plural="validation losses")
+    self.translate_step = compiling.Programs("validation search", jax.jit(
+        evaluate.search_fn(self.graphdef, config, config.eval.beam_size, config.eval.alpha),
+        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.data_sharding),
+        lambda params, src: src.shape, plural="validation searches")
+
+  def compile(self) -> None:
+    """Lowers every program the run will call and compiles them in parallel (`compiling`):
+    the train step for each batch shape, validation loss and search for each of the
+    split's. `compiling.report` waits for them."""
+    def spec(shape):
+      return jax.ShapeDtypeStruct(shape, np.int32, sharding=self.data_sharding)
+
+    processes = jax.process_count()
+    for rows, length in self.train_batches.shapes:  # This process's rows of each batch.
+      batch = {k: spec((rows * processes, length)) for k in self.train_batches.keys}
+      self.train_step.add(self.abstract_state, batch, self.dropout_key)
+    for batch in self.val_batches:
+      batch = {k: spec(v.shape) for k, v in batch.items() if k != "index"}
+      self.eval_step.add(self.abstract_state.params, batch)
+      self.translate_step.add(self.abstract_state.params, batch["src"])
 
   def new_state(self) -> TrainState:
     return self.init_state()
@@ -485,7 +505,7 @@ def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
 
 
 def _report_start(trainer) -> None:
-  """What the run is about to train, and that compilation comes next."""
+  """What the run is about to train."""
   config = trainer.config
   log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
            " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
@@ -495,9 +515,6 @@ def _report_start(trainer) -> None:
     log.info("FSDP: %.0f%% of the parameters (every matrix) and their optimizer state are split"
              " over %d devices.", 100 * trainer.num_sharded_params / trainer.num_params,
              config.train.fsdp)
-  shapes = len(trainer.train_batches.shapes)
-  log.info("Compiling the train step%s...", " (one batch shape)" if shapes == 1 else
-           f" (once per batch shape: {shapes} shapes, each the first time a batch of it comes)")
 
 
 def _train_record(pending: list[dict], elapsed: float, learning_rate: float) -> dict:
@@ -531,13 +548,17 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
   """The run itself, from building the trainer to the last step (see `train_and_evaluate`)."""
   num_steps, patience = config.train.num_steps, config.train.patience
   trainer = Trainer(config, workdir)
+  _report_start(trainer)
+  compile_start = time.perf_counter()
+  trainer.compile()  # Compiles while the checkpoint is read.
   restored, state = checkpoints.restore_latest_good(trainer.new_state())
   if jax.process_index() == 0:
     save_run_config(workdir, config)  # Only once the run fits its workdir.
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
-  _report_start(trainer)
+  log.info(compiling.report([trainer.train_step, trainer.eval_step, trainer.translate_step],
+                            compile_start))
   writer = MetricsWriter(workdir, start)
   progress = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
                        mininterval=2.0, disable=jax.process_index() != 0)

@@ -1,5 +1,7 @@
 """Config validation: every bad value stops the run with one line naming the fix."""
 
+import json
+
 import pytest
 from absl import flags
 
@@ -113,3 +115,10 @@ def test_the_config_file_runs_once_and_takes_overrides(tmp_path):
   assert ran.read_text() == "x"
   assert config.value.train.num_steps == 7
   assert config.value.is_locked
+
+
+def test_a_run_saved_before_length_buckets_reads_as_every_length():
+  saved = json.loads(config_lib.to_json(config_lib.base_config()))
+  assert config_lib.from_json(json.dumps(saved)).data.num_buckets == 2
+  del saved["data"]["num_buckets"]  # As runs saved it before the field.
+  assert config_lib.from_json(json.dumps(saved)).data.num_buckets == 0

@@ -1,6 +1,7 @@
 """Tests of seq2seq.data: tokenizer, corpus reading and batching."""
 
 import gzip
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -359,3 +360,60 @@ def test_tfds_without_the_extra_says_how_to_install_it(monkeypatch):
   assert str(e.value) == ("config.data.corpus='tfds:wmt14_translate/de-en' needs TensorFlow"
                           " Datasets, an optional extra; install it with pip install -e"
                           " \".[tfds]\".")
+
+
+def test_bucket_lengths_waste_the_fewest_padded_tokens():
+  lengths = np.array([3, 5, 9, 9, 17, 30])
+  assert batching.bucket_lengths(lengths, 8, 0) == [8, 16, 24, 32]  # Every needed multiple.
+  assert batching.bucket_lengths(lengths, 8, 1) == [32]
+  # Padded to 8, 8, 16, 16, 24, 32; the pairs' totals: 8|32 144, 16|32 128, 24|32 152.
+  assert batching.bucket_lengths(lengths, 8, 2) == [16, 32]
+  assert batching.bucket_lengths(lengths, 8, 3) == [8, 16, 32]
+  assert batching.bucket_lengths(lengths, 8, 9) == [8, 16, 24, 32]
+  assert batching.bucket_lengths(np.array([], np.int64), 8, 2) == []
+
+  def padded_total(chosen, lengths, step):
+    return sum(min(c for c in chosen if c >= step * -(-n // step)) for n in lengths)
+
+  rng = np.random.default_rng(0)
+  for _ in range(200):  # Against every choice of lengths.
+    lengths = rng.integers(1, 70, rng.integers(1, 40))
+    step, count = int(rng.choice([1, 4, 8])), int(rng.integers(1, 4))
+    chosen = batching.bucket_lengths(lengths, step, count)
+    needed = sorted(set((step * -(-lengths // step)).tolist()))
+    best = min(padded_total([*others, needed[-1]], lengths, step)
+               for r in range(min(count, len(needed)))
+               for others in itertools.combinations(needed[:-1], r))
+    assert len(chosen) <= count and chosen[-1] == needed[-1]
+    assert padded_total(chosen, lengths, step) == best
+
+
+def test_train_batches_have_at_most_num_buckets_shapes():
+  src, tgt = _synthetic(300)
+  every = batching.TrainBatches(src, tgt, seed=0, **KW)
+  two = batching.TrainBatches(src, tgt, seed=0, num_buckets=2, **KW)
+  assert len(every.shapes) == 4 and len(two.shapes) == 2
+  lengths = {batch_length for _, batch_length in two.shapes}
+
+  def epoch(batches):
+    seen = []
+    for step in range(batches.batches_per_epoch):
+      batch = batches(step)
+      assert batch["src"].size <= KW["tokens_per_batch"]
+      assert batches is every or batch["src"].shape[1] in lengths
+      seen += [_row_index(row) for row in batch["src"] if row.any()]
+    return sorted(seen)
+
+  assert epoch(two) == epoch(every) and len(epoch(two)) == two.num_examples  # Each once.
+
+
+def test_eval_batches_have_at_most_two_lengths():
+  src, tgt = _synthetic(103)
+  batches = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8)
+  every = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8, num_lengths=0)
+  assert len({b["src"].shape[1] for b in batches}) == 2
+  assert len({b["src"].shape[1] for b in every}) > 2
+  for few, each in zip(batches, every, strict=True):  # The same rows, padded further.
+    np.testing.assert_array_equal(few["index"], each["index"])
+    np.testing.assert_array_equal(few["src"][:, :each["src"].shape[1]], each["src"])
+    assert not few["src"][:, each["src"].shape[1]:].any()

@@ -6,6 +6,7 @@ function a script calls) and checks the exact message the command prints after
 the scripts themselves, to see the single line and exit status 2.
 """
 
+import functools
 import json
 import os
 import re
@@ -123,6 +124,13 @@ def edited_config(run, tmp, **model):
   return copy_run(run, tmp, edit)
 
 
+def drop_field(section, key, copy):
+  """Removes `section.key` from a copied run's config.json, as a run saved before it had."""
+  saved = json.loads((copy / "config.json").read_text())
+  del saved[section][key]
+  (copy / "config.json").write_text(json.dumps(saved))
+
+
 def with_vocab(run, tmp, vocab):
   return copy_run(run, tmp, lambda copy: shutil.copy(vocab, copy / "vocab" / "spm.model"))
 
@@ -214,10 +222,16 @@ CASES = [
         r, model__family="rnn", model__attention="general", model__num_decoder_layers=2),
      "{run} holds a run trained with config.model.attention='scaled_dot' (not 'general'),"
      " config.model.family='transformer' (not 'rnn'), config.model.num_decoder_layers=1 (not 2);"
-     " drop those overrides to resume it, or pass a new --workdir."),
+     " resume it with the run's values (--config.model.attention=scaled_dot"
+     " --config.model.family=transformer --config.model.num_decoder_layers=1), or pass a new"
+     " --workdir."),
     ("resume with other data", lambda r, t, v: train_with(r, data__vocab_size=300),
-     "{run} holds a run trained with config.data.vocab_size=500 (not 300); drop those overrides"
-     " to resume it, or pass a new --workdir."),
+     "{run} holds a run trained with config.data.vocab_size=500 (not 300); resume it with the"
+     " run's values (--config.data.vocab_size=500), or pass a new --workdir."),
+    ("resume a run from before length buckets", lambda r, t, v: train_with(
+        copy_run(r, t, functools.partial(drop_field, "data", "num_buckets"))),
+     "{tmp}/copy holds a run trained with config.data.num_buckets=0 (not 2); resume it with the"
+     " run's values (--config.data.num_buckets=0), or pass a new --workdir."),
     ("resume with an edited config.json", lambda r, t, v: train_with(
         edited_config(r, t, emb_dim=48, num_heads=3), model__emb_dim=48, model__num_heads=3),
      "The checkpoint at step 4 in {tmp}/copy does not fit the model of its config.json"

@@ -38,18 +38,55 @@ def _padded_length(length: int, bucket_step: int) -> int:
   return bucket_step * math.ceil(length / bucket_step)
 
 
+def bucket_lengths(lengths: np.ndarray, bucket_step: int, count: int) -> list[int]:
+  """At most `count` padded lengths for sequences of `lengths` that waste the fewest tokens.
+
+  Each sequence is padded to the shortest chosen length that holds it, and each
+  chosen length is one compiled program. The lengths are multiples of
+  `bucket_step`, the longest holds the longest sequence, and together they
+  minimize the summed padded length (an exact dynamic program over the
+  multiples of `bucket_step`). `count` 0: every multiple that some sequence needs.
+  """
+  padded = bucket_step * -(-np.asarray(lengths, np.int64) // bucket_step)
+  needed = np.unique(padded)
+  if count <= 0 or len(needed) <= count:
+    return needed.tolist()
+  sizes = np.array([np.sum(padded == n) for n in needed])
+  below = np.concatenate([[0], np.cumsum(sizes)])  # below[i]: sequences needing < needed[i].
+  # best[j][i]: least padded total of the sequences needing needed[:i + 1], with j + 1
+  # lengths, the longest needed[i]; choice[j][i]: the previous length's index.
+  best = [needed[i] * below[i + 1] for i in range(len(needed))]
+  choices = []
+  for _ in range(1, count):
+    new, choice = list(best), list(range(len(needed)))
+    for i in range(len(needed)):
+      for k in range(i):
+        total = best[k] + needed[i] * (below[i + 1] - below[k + 1])
+        if total < new[i]:
+          new[i], choice[i] = total, k
+    best = new
+    choices.append(choice)
+  chosen, i = [int(needed[-1])], len(needed) - 1
+  for choice in reversed(choices):
+    if choice[i] != i:  # Else this many lengths did no better than one fewer.
+      i = choice[i]
+      chosen.insert(0, int(needed[i]))
+  return chosen
+
+
 def _fill(src_ids, tgt_ids, rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
   """Builds one batch; `rows` holds example indices, -1 for an all-PAD filler row."""
   return _fill_packed(src_ids, tgt_ids, [[i] if i >= 0 else [] for i in rows], length,
                       segments=False)
 
 
+PACKING_KEYS = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
+
+
 def _fill_packed(src_ids, tgt_ids, rows: list, length: int, *,
                  segments: bool = True) -> dict[str, np.ndarray]:
   """Builds one batch whose row r holds the examples `rows[r]` one after the other."""
-  keys = ["src", "tgt_in", "tgt_out"]
-  if segments:
-    keys += ["src_segments", "tgt_segments", "src_positions", "tgt_positions"]
+  keys = ("src", "tgt_in", "tgt_out") + (PACKING_KEYS if segments else ())
   batch = {k: np.full((len(rows), length), PAD_ID, np.int32) for k in keys}
   for r, examples in enumerate(rows):
     s_at = t_at = 0  # Where the next sentence starts on each side.
@@ -114,12 +151,13 @@ class TrainBatches:
     num_dropped: pairs dropped (empty side, or longer than max_len with EOS/BOS).
     batches_per_epoch: global batches in one epoch.
     shapes: sorted distinct (rows, L) that `__call__` returns on this process.
+    keys: the names of the arrays in each batch.
   """
 
   def __init__(self, src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *,
                tokens_per_batch: int, max_len: int, bucket_step: int, seed: int,
                row_multiple: int = 1, process_index: int = 0, process_count: int = 1,
-               pack: bool = False):
+               pack: bool = False, num_buckets: int = 0):
     """Filters and buckets the examples.
 
     Args:
@@ -134,6 +172,8 @@ class TrainBatches:
       process_index: which contiguous slice of each global batch to return.
       process_count: number of processes sharing each global batch.
       pack: put several examples in each row (see the module docstring).
+      num_buckets: unpacked, pad to at most this many lengths (`bucket_lengths`; 0: every
+        multiple of `bucket_step`).
     """
     if len(src_ids) != len(tgt_ids):
       raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
@@ -144,6 +184,7 @@ class TrainBatches:
       raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
     self._src, self._tgt = src_ids, tgt_ids
     self._seed = seed
+    self.keys = ("src", "tgt_in", "tgt_out") + (PACKING_KEYS if pack else ())
     self._process_index, self._process_count = process_index, process_count
 
     src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
@@ -164,7 +205,8 @@ class TrainBatches:
     else:
       self._packs = None
       lengths = np.maximum(src_len[kept], tgt_len[kept]) + 1
-      padded = bucket_step * -(-lengths // bucket_step)  # Ceiling division.
+      chosen = np.array(bucket_lengths(lengths, bucket_step, num_buckets))
+      padded = chosen[np.searchsorted(chosen, lengths)]  # The shortest that holds each.
       self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
     self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
                   for b in self._buckets}
@@ -214,9 +256,13 @@ class TrainBatches:
                         length)
 
 
+EVAL_SHAPES = 2  # Padded lengths of a split's evaluation batches, at most: programs to compile.
+
+
 def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,
-                 bucket_step: int, max_len: int | None = None) -> list[dict[str, np.ndarray]]:
-  """Every pair of a split exactly once, in batches of similar lengths.
+                 bucket_step: int, max_len: int | None = None,
+                 num_lengths: int = EVAL_SHAPES) -> list[dict[str, np.ndarray]]:
+  """Every pair of a split exactly once, in batches of similar lengths and few shapes.
 
   Args:
     src_ids: per example, `[src_length]` source ids without EOS.
@@ -225,6 +271,8 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
     bucket_step: each batch's length is a multiple of this.
     max_len: if given, truncate each side to `max_len - 1` ids so that with
       EOS/BOS it fits in `max_len`.
+    num_lengths: the batches have at most this many lengths, chosen to waste
+      the fewest padded tokens (`bucket_lengths`; 0: each batch its own).
 
   Returns:
     Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`) and
@@ -241,12 +289,14 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
   lengths = np.maximum(src_len, tgt_len) + 1
   # By padded length, then source length (which bounds the decoding length).
   order = np.lexsort((src_len, lengths))
+  rows = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+  longest = np.array([lengths[r].max() for r in rows], np.int64)
+  chosen = np.array(bucket_lengths(longest, bucket_step, num_lengths))
   batches = []
-  for i in range(0, len(order), batch_size):
+  for examples, length in zip(rows, chosen[np.searchsorted(chosen, longest)], strict=True):
     index = np.full(batch_size, -1, np.int32)
-    index[:len(order[i:i + batch_size])] = order[i:i + batch_size]
-    length = _padded_length(int(lengths[index[index >= 0]].max()), bucket_step)
-    batch = _fill(src_ids, tgt_ids, index, length)
+    index[:len(examples)] = examples
+    batch = _fill(src_ids, tgt_ids, index, int(length))
     batch["index"] = index
     batches.append(batch)
   return batches
