@@ -16,10 +16,12 @@ from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
 from seq2seq.evaluate import Translator, plot_alignment
+from seq2seq.plots import image_path
 
 _RUN = define_run_flags()
 _TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)
-_OUT = flags.DEFINE_string("out", "", "PNG to write (default: <workdir>/attention.png).")
+_OUT = flags.DEFINE_string("out", "", "Picture to write, PNG unless the suffix names another"
+                           " format (default: <workdir>/attention.png).")
 
 
 def main(argv):
@@ -27,10 +29,10 @@ def main(argv):
 
   def plot():
     workdir = _RUN["workdir"].value
+    out = image_path(_OUT.value or f"{workdir}/attention.png", "--out")  # Before any work.
     translator = Translator(workdir, _RUN["checkpoint"].value,
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value)
-    path = plot_alignment(translator, _TEXT.value, _OUT.value or f"{workdir}/attention.png")
-    print(f"wrote {path}")
+    print(f"wrote {plot_alignment(translator, _TEXT.value, out)}")
 
   run_main(plot)
 

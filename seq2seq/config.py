@@ -6,6 +6,7 @@ value stops the run with one line that names the field and the fix.
 """
 
 import difflib
+import inspect
 import json
 import traceback
 from pathlib import Path
@@ -154,13 +155,24 @@ def check_override(arg: str, following: str | None = None) -> None:
       raise UserError(f"--{flag} needs a value; pass {example}.")
     text = following  # absl also takes `--flag value`.
   try:
-    if kind is bool:
-      _BOOL_TEXT[text.lower()]  # noqa: B018 (only parsed)
-    elif kind in (int, float):
-      kind(text)
-  except (KeyError, ValueError):
+    parse_as(default, text)
+  except ValueError:
     raise UserError(f"--config.{name}={text} is not {_TYPE_NAMES[kind]}; pass {example}.")\
         from None
+
+
+def parse_as(default, text: str):
+  """`text` as a value of `default`'s type, as `--config.<field>=` and `--sweep` read it
+  (booleans: true/false, t/f, 1/0). Raises `ValueError` naming what it takes."""
+  kind = type(default)
+  if kind is bool:
+    if text.lower() not in _BOOL_TEXT:
+      raise ValueError(f"{text!r} is not {_TYPE_NAMES[bool]}")
+    return _BOOL_TEXT[text.lower()]
+  try:
+    return kind(text)
+  except ValueError:
+    raise ValueError(f"{text!r} is not {_TYPE_NAMES.get(kind, kind.__name__)}") from None
 
 
 def _check_types(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict) -> None:
@@ -193,6 +205,23 @@ def check_structure(config, where: str = "the config") -> None:
     raise UserError(f"{where} lacks config.{missing[0]}{more}; {fix}")
 
 
+def _check_config_arg(spec: str, get_config, arg: str) -> None:
+  """Raises `UserError` if `--config=FILE[:ARG]` passes an argument that get_config() does
+  not take, or none where it needs one."""
+  try:
+    inspect.signature(get_config).bind(*([arg] if arg else []))
+  except TypeError:
+    path = spec.partition(":")[0]
+    if arg:
+      raise UserError(f"--config={spec} passes {arg!r} to get_config(), which takes no"
+                      f" argument in {path}; drop ':{arg}' and set fields with"
+                      " --config.<field>=VALUE instead.") from None
+    raise UserError(f"get_config() in {path} needs an argument; pass it as"
+                    f" --config={path}:ARG.") from None
+  except ValueError:
+    return  # No signature to read (a builtin): let the call say.
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """Runs `--config=FILE[:ARG]`'s `get_config(ARG)` once, as config_flags would, but a
   mistake in the file is a `UserError` naming the file and line, not a traceback."""
@@ -211,6 +240,7 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     if not callable(get_config):
       raise UserError(f"{path} defines no get_config(); an experiment config returns its"
                       " ConfigDict from get_config() (see configs/tiny.py).")
+    _check_config_arg(spec, get_config, arg)
     config = get_config(arg) if arg else get_config()
   except UserError:
     raise

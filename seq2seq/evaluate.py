@@ -23,7 +23,7 @@ from seq2seq import compiling, decoding, layout
 from seq2seq import config as config_lib
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus
-from seq2seq.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from seq2seq.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.train_state import make_optimizer, new_train_state
@@ -176,6 +176,13 @@ class Translator:
       log.warning("%d of %d source lines are longer than %d subwords (config.model.max_len=%d"
                   " with EOS) and were cut to fit; their translations cover only the start.",
                   cut, len(texts), longest, self.config.model.max_len)
+    unknown = [i for i, ids in zip(todo, src_ids, strict=True) if UNK_ID in ids]
+    if unknown:
+      text = texts[unknown[0]]
+      example = next((c for c in text if UNK_ID in self.tokenizer.encode(c)), text)
+      log.warning("%d of %d source lines hold characters the vocabulary does not know (such as"
+                  " %r in line %d); the model reads them as unknown words, and its output"
+                  " shows them as ⁇.", len(unknown), len(texts), example, unknown[0] + 1)
     translated = self.translate_ids(src_ids)
     results = [[("", 0.0)] * self.nbest for _ in texts]
     for i, nbest in zip(todo, translated, strict=True):

@@ -9,6 +9,8 @@ matplotlib.use("Agg")  # Files only: no display is needed (or present on servers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from seq2seq.errors import UserError  # noqa: E402
+
 
 def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
                        tgt_tokens: Sequence[str], path: str | Path, title: str = "") -> Path:
@@ -86,6 +88,20 @@ def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str]
     ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
     ax.set_title(name, fontsize=8)
   return _save(fig, path)
+
+
+def image_path(path: str | Path, flag: str) -> Path:
+  """The file a picture written to `path` ends up in (matplotlib adds `.png` to a name
+  without a suffix); raises `UserError` for a format matplotlib cannot write."""
+  path = Path(path)
+  if not path.suffix:
+    return path.with_name(path.name + ".png")
+  formats = plt.figure().canvas.get_supported_filetypes()
+  plt.close("all")
+  if path.suffix[1:].lower() not in formats:
+    raise UserError(f"{flag}={path}: matplotlib cannot write {path.suffix} files; use one of"
+                    f" {', '.join('.' + f for f in sorted(formats))} (e.g. {path.stem}.png).")
+  return path
 
 
 def _save(fig, path: str | Path) -> Path:

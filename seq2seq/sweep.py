@@ -22,18 +22,6 @@ from seq2seq.errors import UserError
 log = logging.getLogger("seq2seq")
 
 
-def _parse_value(text: str, like):
-  """`text` as the type of the config field it replaces."""
-  if isinstance(like, bool):
-    if text.lower() not in ("true", "false"):
-      raise UserError(f"{text!r} is not a boolean; use true or false.")
-    return text.lower() == "true"
-  try:
-    return type(like)(text)
-  except ValueError:
-    raise UserError(f"{text!r} is not a {type(like).__name__}.") from None
-
-
 def parse_sweep(spec: str, config: ml_collections.ConfigDict) -> tuple[str, list]:
   """"model.attention=dot,general" -> ("model.attention", ["dot", "general"])."""
   key, sep, values = spec.partition("=")
@@ -42,7 +30,15 @@ def parse_sweep(spec: str, config: ml_collections.ConfigDict) -> tuple[str, list
     raise UserError(f"--sweep={spec} is not FIELD=V1,V2,...; e.g. model.attention=dot,general.")
   if section not in config or field not in config[section]:
     raise UserError(f"--sweep={spec}: config has no field {key}; see seq2seq/config.py.")
-  return key, [_parse_value(v.strip(), config[section][field]) for v in values.split(",")]
+  default = config[section][field]
+  try:
+    return key, [config_lib.parse_as(default, v.strip()) for v in values.split(",")]
+  except ValueError as e:
+    example = ("true,false" if isinstance(default, bool) else f"{default},{default + 1}"
+               if isinstance(default, int) else f"{default},{default * 2}"
+               if isinstance(default, float) else default)
+    raise UserError(f"--sweep={spec}: {e}; give values of config.{key}'s type, e.g."
+                    f" --sweep={key}={example}.") from None
 
 
 def expand(config: ml_collections.ConfigDict,

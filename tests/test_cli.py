@@ -165,20 +165,30 @@ def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
     assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+# What start-up does when the signal comes, made to take ten minutes (its module, attribute).
+SLOW_START = {"tokenizer training": ("seq2seq.data.tokenizer", "spm.SentencePieceTrainer.train"),
+              "compilation": ("seq2seq.compiling", "_compile")}
+
+
+@pytest.mark.parametrize("during", list(SLOW_START))
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig):
-  """Tokenizer training that would take ten minutes is interrupted: exit 130, one line, and
-  the new workdir is gone (the subprocess would time out if the signal waited for it)."""
+def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig, during):
+  """Tokenizer training or compilation that would take ten minutes is interrupted: exit 130,
+  one line, and the new workdir is gone (the subprocess would time out if the signal waited
+  for it)."""
   workdir = tmp_path / "run"
+  module, attribute = SLOW_START[during]
+  owner, _, name = attribute.rpartition(".")
   code = (
-      "import os, signal, time\n"
+      "import importlib, operator, os, signal, time\n"
       "from seq2seq import cli, train\n"
-      "from seq2seq.data import tokenizer\n"
       "from tests.conftest import fast_tiny_config\n"
-      "def slow_training(**kwargs):\n"
+      "def slow(*args, **kwargs):\n"
       f"  os.kill(os.getpid(), signal.{sig.name})\n"
       "  time.sleep(600)\n"
-      "tokenizer.spm.SentencePieceTrainer.train = slow_training\n"
+      f"module = importlib.import_module({module!r})\n"
+      f"setattr(operator.attrgetter({owner!r})(module) if {owner!r} else module, {name!r},"
+      " slow)\n"
       "cli.parse_flags(['train.py'])\n"
       f"cli.run_main(lambda: train.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}),"
       " interrupted=train.INTERRUPTED)\n")

@@ -82,6 +82,23 @@ def test_an_unusable_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_ca
   assert jnp.add(jnp.ones(3), 1.0).sum() == 6.0  # And JAX computes without it.
 
 
+def test_a_read_only_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_cache_options,
+                                                      caplog, monkeypatch):
+  def read_only(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+
+  (tmp_path / "cache").mkdir()
+  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.setattr(compiling.tempfile, "NamedTemporaryFile", read_only)
+  with caplog.at_level(logging.WARNING):
+    assert compiling.enable_cache() is None
+  assert jax.config.jax_compilation_cache_dir is None
+  assert [r.getMessage() for r in caplog.records] == [
+      f"The compilation cache {tmp_path}/cache cannot be used (Permission denied); running"
+      " without it. Set JAX_COMPILATION_CACHE_DIR to a writable directory, or"
+      " SEQ2SEQ_COMPILATION_CACHE=off."]
+
+
 def test_the_cache_options_set_unless_the_environment_sets_them(tmp_path, environ,
                                                                 jax_cache_options):
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))

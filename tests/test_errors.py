@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 from absl import flags as absl_flags
 
-from seq2seq import cli, compare, evaluate, sweep, train
+from seq2seq import cli, compare, evaluate, plots, sweep, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
@@ -46,6 +46,11 @@ def plain_sentencepiece(tmp_path):
   spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "plain"),
                                  vocab_size=100, minloglevel=2)
   return tmp_path / "plain.model"
+
+
+IMAGE_FORMATS = ", ".join("." + f for f in sorted(
+    plots.plt.figure().canvas.get_supported_filetypes()))
+plots.plt.close("all")
 
 
 # --- What a case runs: the function behind each command --------------------------------------
@@ -332,7 +337,28 @@ CASES = [
      lambda r, t, v: evaluate.check_output(t / "nodir" / "out.de", "--output"),
      "--output={tmp}/nodir/out.de: the directory {tmp}/nodir does not exist; create it or pass"
      " another path."),
+    ("sweep of a field with a value of another type", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["train.seed=a,b"], t / "new"),
+     "--sweep=train.seed=a,b: 'a' is not a whole number; give values of config.train.seed's"
+     " type, e.g. --sweep=train.seed=0,1."),
+    ("sweep of a boolean with another word", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["data.pack=yes,no"], t / "new"),
+     "--sweep=data.pack=yes,no: 'yes' is not true or false; give values of config.data.pack's"
+     " type, e.g. --sweep=data.pack=true,false."),
+    ("a picture format matplotlib cannot write",
+     lambda r, t, v: plots.image_path(t / "att.txt", "--out"),
+     "--out={tmp}/att.txt: matplotlib cannot write .txt files; use one of " + IMAGE_FORMATS
+     + " (e.g. att.png)."),
     # Config files: the user's file and line, not a traceback through config_flags.
+    ("an argument get_config does not take", lambda r, t, v: train_flags(
+        f"--config={ROOT / 'configs' / 'tiny.py'}:rnn", f"--workdir={t / 'new'}"),
+     "--config=" + str(ROOT / "configs" / "tiny.py") + ":rnn passes 'rnn' to get_config(), which"
+     " takes no argument in " + str(ROOT / "configs" / "tiny.py") + "; drop ':rnn' and set"
+     " fields with --config.<field>=VALUE instead."),
+    ("no argument where get_config needs one", lambda r, t, v: config_file(
+        t, "def get_config(family):\n  pass\n"),
+     "get_config() in {tmp}/bad_config.py needs an argument; pass it as"
+     " --config={tmp}/bad_config.py:ARG."),
     ("config syntax error", lambda r, t, v: config_file(t, "def get_config(:\n  pass\n"),
      "{tmp}/bad_config.py:1: invalid syntax; fix the config file's syntax."),
     ("config without get_config", lambda r, t, v: config_file(t, "X = 1\n"),

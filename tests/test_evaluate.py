@@ -135,8 +135,9 @@ def test_not_a_run_is_a_clear_error(tmp_path):
 def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
   out = tmp_path / "attention.png"
   result = script("plot_attention.py", f"--workdir={run}", "--text=A dog runs.",
-                  f"--out={out}", "--beam_size=2")
+                  f"--out={tmp_path / 'attention'}", "--beam_size=2")  # matplotlib adds .png.
   assert result.returncode == 0, result.stderr.decode()[-3000:]
+  assert result.stdout.decode() == f"wrote {out}\n"
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   translator = evaluate.Translator(run, "best", beam_size=2)
   weights, src, tgt = evaluate.alignment(translator, "A dog runs.")
@@ -245,3 +246,40 @@ def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path
   assert "\n" not in message
   assert len(capfd.readouterr().err.splitlines()) < 5  # Not orbax's hundreds of lines.
   assert (workdir / "checkpoints" / "4").is_dir()  # Evaluation moves nothing.
+
+
+def test_unknown_characters_are_counted_in_one_warning(run, caplog):
+  translator = evaluate.Translator(run, "latest", beam_size=1)
+  with caplog.at_level("WARNING", logger="seq2seq"):
+    out = translator.translate(["A dog.", "A 猫 and a 🙂.", "", "🙂"])
+  assert len(out) == 4
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == ["2 of 4 source lines hold characters the vocabulary does not know (such"
+                      " as '猫' in line 2); the model reads them as unknown words, and its"
+                      " output shows them as ⁇."]
+
+
+def test_translate_at_a_terminal_answers_each_line_as_it_comes(run):
+  """Typed input (a pseudo-terminal): the translation of a line arrives before input ends."""
+  import pty
+  import select
+
+  main, typed = pty.openpty()
+  process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "translate.py"),
+                              f"--workdir={run}", "--beam_size=1"], stdin=typed,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  os.close(typed)
+  try:
+    expected = evaluate.Translator(run, "best", beam_size=1).translate(["A dog runs."])[0][0][0]
+    os.write(main, b"A dog runs.\n")
+    ready, _, _ = select.select([process.stdout], [], [], 240)
+    assert ready, "no translation before the end of input"
+    assert process.stdout.readline().decode() == expected + "\n"
+    os.write(main, b"\x04")  # Ctrl-D: the end of input.
+    assert process.wait(60) == 0
+    assert process.stderr.read().decode().splitlines()[-1] == (
+        "Type a sentence and Enter; Ctrl-D ends.")
+  finally:
+    process.kill()
+    os.close(main)
