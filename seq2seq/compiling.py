@@ -129,11 +129,10 @@ def counting(this_thread_only: bool = False):
 
 
 def _compile(lowered) -> tuple:
-  """(the compiled program, seconds, whether the persistent cache answered)."""
-  start = time.perf_counter()
+  """(the compiled program, whether the persistent cache answered)."""
   with counting(this_thread_only=True) as counts:
     compiled = lowered.compile()
-  return compiled, time.perf_counter() - start, bool(counts.cached)
+  return compiled, bool(counts.cached)
 
 
 _POOL = concurrent.futures.ThreadPoolExecutor(
@@ -145,10 +144,10 @@ class Programs:
 
   Args:
     name: what the program computes, for the start-up line ("train step").
-    plural: the name's plural (by default with an s).
     jitted: a `jax.jit` function.
     key: `(*args) -> a hashable` that tells the compiled programs apart, by default
       the shapes of every argument.
+    plural: the name's plural (by default with an s).
   """
 
   def __init__(self, name: str, jitted, key: Callable[..., Hashable] | None = None, *,
@@ -167,7 +166,7 @@ class Programs:
     return len(self._futures)
 
   def wait(self) -> list[tuple]:
-    """Blocks until every program compiled: their (program, seconds, from cache)."""
+    """Blocks until every program compiled: their (program, whether from the cache)."""
     return [future.result() for future in self._futures.values()]
 
   def __call__(self, *args):
@@ -183,9 +182,10 @@ def report(groups: list[Programs], since: float) -> str:
   long since `since` (a `time.perf_counter()`) that took."""
   results = [result for group in groups for result in group.wait()]
   seconds = time.perf_counter() - since
-  cached = sum(from_cache for _, _, from_cache in results)
+  cached = sum(from_cache for _, from_cache in results)
   kinds = ", ".join(f"{len(group)} {group.name if len(group) == 1 else group.plural}"
                     for group in groups if len(group))
   where = (f"{cached} of them from the compilation cache" if cached
            else "none from the compilation cache")
-  return f"Compiled {len(results)} programs ({kinds}) in {seconds:.1f} s; {where}."
+  programs = "program" if len(results) == 1 else "programs"
+  return f"Compiled {len(results)} {programs} ({kinds}) in {seconds:.1f} s; {where}."
