@@ -1,14 +1,25 @@
 """Compare runs: a table of scores with paired-bootstrap significance, and pictures.
 
 `compare_runs(workdirs, out_dir)` evaluates each run's best checkpoint on
-validation and the chosen split (reusing evaluation files already written),
-tests every run against the baseline with sacreBLEU's paired bootstrap
-resampling, aggregates seeds, and writes comparison.md, comparison.csv,
-bleu.png, curves.png and attention.png.
+validation and the chosen split, tests every run against the baseline with
+sacreBLEU's paired bootstrap resampling, aggregates seeds, and writes
+comparison.md, comparison.csv, bleu.png, curves.png and attention.png.
+
+Its evaluations are cached in `<workdir>/eval/compare/`, each under the key of
+everything that decides it (`evaluation_key`): the checkpoint steps "best" names
+now and a digest of their parameters, the search, the decoding lengths, the run's
+config and vocabulary, and the sha256 of the source and reference texts. A cached
+result is used only when its key is the one asked for, so a run trained further,
+another --alpha or another file of the same name is evaluated again; the files
+scripts/evaluate.py writes (`<workdir>/eval/<name>.<checkpoint>.beam<k>.*`) are
+never read.
 """
 
 import csv
+import hashlib
 import json
+import logging
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,17 +33,22 @@ from sacrebleu.significance import PairedTest
 
 from seq2seq import config as config_lib
 from seq2seq import layout, plots
+from seq2seq.checkpoint import vocab_fingerprint
 from seq2seq.errors import UserError
 from seq2seq.evaluate import (
   Translator,
   alignment,
+  as_lines,
   check_search,
+  evaluate_split,
   output_files,
   read_lines,
-  run_evaluation,
 )
 
+log = logging.getLogger("seq2seq")
+
 SEED = "train.seed"
+CACHE = layout.EVAL / "compare"  # compare's own evaluations, relative to the workdir.
 
 FIXED_COLUMNS = ["parameters", "steps", "train_minutes", "tokens_per_sec"]
 LENGTH_EDGES = (10, 20, 30)  # Source-length buckets in words: 0-9, 10-19, 20-29, 30+.
@@ -108,21 +124,106 @@ def length_buckets(sources: Sequence[str], hypotheses: Sequence[str],
   return out
 
 
-def _evaluation(workdir: Path, test_set: TestSet, beam_size: int,
-                alpha: float) -> tuple[dict, list]:
-  """The run's scores on `test_set` (best checkpoint) and its hypotheses, computed once."""
-  name = Path(test_set.src_file).name if test_set.src_file else test_set.name
-  hyp_path, json_path = output_files(workdir / layout.EVAL / f"{name}.best.beam{beam_size}")
-  if not (json_path.exists() and hyp_path.exists()):
-    run_evaluation(workdir, split=test_set.name if not test_set.src_file else "test",
-                   src_file=test_set.src_file, ref_file=test_set.ref_file, checkpoint="best",
-                   beam_size=beam_size, alpha=alpha)
-  return json.loads(json_path.read_text(encoding="utf-8")), read_lines(hyp_path)
+def run_names(workdirs: Sequence[str | Path]) -> list[str]:
+  """Each run's name in the table: its path relative to the runs' common parent (`a/s0` and
+  `b/s0` stay apart); one run alone is named by its directory."""
+  resolved = [Path(w).resolve() for w in workdirs]
+  if len(resolved) == 1:
+    return [resolved[0].name]
+  common = Path(os.path.commonpath(resolved))
+  if common in resolved:  # One run inside another: name both below the outer one's parent.
+    common = common.parent
+  return [p.relative_to(common).as_posix() for p in resolved]
+
+
+def _sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _params_sha256(params) -> str:
+  """sha256 of a parameter tree (names, dtypes, shapes, values): the weights themselves, so a
+  checkpoint replaced at the same step (a run trained again) is not mistaken for the old one."""
+  import jax
+
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)} {array.dtype} {array.shape}\n".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def evaluation_key(translator: Translator, sources: Sequence[str],
+                   references: Sequence[str]) -> dict:
+  """Everything that decides an evaluation's hypotheses and scores, as plain JSON values."""
+  config = translator.config
+  workdir = translator.workdir
+  return {
+      "checkpoint": translator.checkpoint,
+      "checkpoint_steps": [int(step) for step in translator.steps],
+      "params_sha256": _params_sha256(translator.params),
+      "beam_size": translator.beam_size, "alpha": float(translator.alpha),
+      "batch_size": translator.batch_size,  # Batches decide the padded, so decoded, lengths.
+      "max_decode_len_a": config.eval.max_decode_len_a,
+      "max_decode_len_b": config.eval.max_decode_len_b,
+      "model.max_len": config.model.max_len, "data.bucket_step": config.data.bucket_step,
+      "config_sha256": _sha256((workdir / layout.CONFIG).read_bytes()),
+      "vocab_sha256": vocab_fingerprint(workdir / layout.VOCAB),
+      "sentences": len(sources),
+      "src_sha256": _sha256(as_lines(sources).encode("utf-8")),
+      "ref_sha256": _sha256(as_lines(references).encode("utf-8")),
+  }
+
+
+def _evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
+                translator: Translator | None = None,
+                text: tuple[list[str], list[str]] | None = None) -> tuple[dict, list]:
+  """The run's scores on `test_set` (best checkpoint) and its hypotheses.
+
+  Read from compare's cache when one was written under the same `evaluation_key`, otherwise
+  evaluated as scripts/evaluate.py does (`evaluate_split`) and cached under that key.
+  `translator` (of "best", `beam_size`, `alpha`) and `text` (sources, references) are built
+  when not given.
+  """
+  workdir = Path(workdir)
+  if translator is None:
+    translator = Translator(workdir, "best", beam_size=beam_size, alpha=alpha)
+  sources, references = text if text is not None else _text(translator.config, test_set)
+  key = json.loads(json.dumps(evaluation_key(translator, sources, references)))
+  digest = _sha256(json.dumps(key, sort_keys=True).encode())[:12]
+  prefix = workdir / CACHE / f"{test_set.name}.beam{translator.beam_size}.{digest}"
+  hyp_path, json_path = output_files(prefix)
+  if json_path.is_file() and hyp_path.is_file():
+    try:
+      cached = json.loads(json_path.read_text(encoding="utf-8"))
+    except ValueError:
+      cached = {}  # Damaged: evaluated again and rewritten below.
+    hypotheses = read_lines(hyp_path)
+    if (isinstance(cached, dict) and cached.get("key") == key
+        and len(hypotheses) == len(sources)):
+      return {k: v for k, v in cached.items() if k != "key"}, hypotheses
+  result = evaluate_split(translator, sources, references, prefix)
+  # The key last: a kill before this line leaves a result without it, which is not reused.
+  layout.write_atomically(json_path, json.dumps({**result, "key": key}, indent=2) + "\n")
+  return result, read_lines(hyp_path)
 
 
 def _training_record(workdir: Path) -> dict:
-  records = [json.loads(line) for line in
-             (workdir / layout.METRICS).read_text(encoding="utf-8").splitlines()]
+  path = workdir / layout.METRICS
+  if not path.is_file():
+    raise UserError(f"{workdir} has no validation result yet ({path} does not exist); train it"
+                    " first.")
+  lines = path.read_text(encoding="utf-8").splitlines()
+  records = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      records.append(json.loads(line))
+    except ValueError as e:
+      if number < len(lines):
+        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}); repair or delete"
+                        " that line.") from None
+      log.warning("%s: its last line was cut off (the run was stopped while writing it?) and is"
+                  " skipped.", path)
   train = [r for r in records if r["split"] == "train"]
   val = [r for r in records if r["split"] != "train" and "bleu" in r]
   if not val:
@@ -161,50 +262,66 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
   each extra test set; the table's columns are the config fields that differ
   between the runs, and per set its BLEU, chrF, 95% bootstrap interval and
-  paired-bootstrap p-value against the baseline.
+  paired-bootstrap p-value against the baseline. Runs are named by their path
+  below the runs' common parent (`run_names`).
   """
-  workdirs = [Path(w) for w in workdirs if (Path(w) / layout.CONFIG).exists()]
-  if not workdirs:
-    raise UserError("No training runs among the given directories; pass run workdirs.")
+  workdirs = _check_runs(workdirs)
   if baseline and not (Path(baseline) / layout.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
   check_search(beam_size, alpha)  # Before --out is created.
   baseline = Path(baseline) if baseline else workdirs[0]
-  workdirs = [baseline] + [w for w in workdirs if w != baseline]  # The baseline's row first.
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+  workdirs = [baseline] + [w for w in workdirs if w.resolve() != baseline.resolve()]
+  name = dict(zip(workdirs, run_names(workdirs), strict=True))
+  base = name[baseline]
   configs = {w: config_lib.from_json((w / layout.CONFIG).read_text(encoding="utf-8"))
              for w in workdirs}
+  records = {w: _training_record(w) for w in workdirs}  # Before anything is written.
   fields = differing_fields([configs[w] for w in workdirs])
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
-  texts = {ts.name: _text(configs[baseline], ts) for ts in sets}
+  read = {}  # Each set's text, read once per corpus config.
+
+  def text(workdir: Path, ts: TestSet) -> tuple[list[str], list[str]]:
+    corpus = "" if ts.src_file else json.dumps(configs[workdir].data.to_dict(), sort_keys=True)
+    if (corpus, ts) not in read:
+      read[corpus, ts] = _text(configs[workdir], ts)
+    return read[corpus, ts]
+
+  texts = {ts.name: text(baseline, ts) for ts in sets}
+  for workdir in workdirs:  # Each run is evaluated on its own corpus: the baseline's.
+    for ts in sets:
+      if text(workdir, ts) != texts[ts.name]:
+        raise UserError(f"{workdir} has other {ts.name} sentences than the baseline {baseline}"
+                        " (their config.data differs); compare runs of one corpus.")
 
   rows, hyps, curves, translators = [], defaultdict(dict), {}, {}
   for workdir in workdirs:
-    record = _training_record(workdir)
-    curves[workdir.name] = record.pop("curve")
+    record = dict(records[workdir])
+    curves[name[workdir]] = record.pop("curve")
     translator = translators[workdir] = Translator(workdir, "best", beam_size=beam_size,
                                                    alpha=alpha)
     flat = flat_config(configs[workdir])
-    row = {"run": workdir.name, **{f: flat.get(f) for f in fields},
+    row = {"run": name[workdir], **{f: flat.get(f) for f in fields},
            "parameters": _num_params(translator), **record}
     for ts in sets:
-      scores, hyps[ts.name][workdir.name] = _evaluation(workdir, ts, beam_size, alpha)
+      scores, hyps[ts.name][name[workdir]] = _evaluation(workdir, ts, beam_size, alpha,
+                                                         translator, texts[ts.name])
       row[f"{ts.name}_bleu"], row[f"{ts.name}_chrf"] = scores["bleu"], scores["chrf"]
       row["bleu_signature"] = scores["bleu_signature"]
     rows.append(row)
   for ts in sets:
-    significance = _significance(hyps[ts.name][baseline.name],
+    significance = _significance(hyps[ts.name][base],
                                  {r["run"]: hyps[ts.name][r["run"]] for r in rows[1:]},
                                  texts[ts.name][1], n_samples)
     for row in rows:
       row[f"{ts.name}_bleu_ci95"], row[f"{ts.name}_p_value"] = significance[
-          "baseline" if row["run"] == baseline.name else row["run"]]
+          "baseline" if row["run"] == base else row["run"]]
   columns = ["run", *fields, *FIXED_COLUMNS] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "chrf", "bleu_ci95", "p_value")]
-  seeds = seed_aggregate(rows, fields, [ts.name for ts in sets], baseline.name)
-  _write_tables(rows, columns, seeds, out_dir, baseline.name, n_samples)
+  seeds = seed_aggregate(rows, fields, [ts.name for ts in sets], base)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  _write_tables(rows, columns, seeds, out_dir, base, n_samples)
   lengths = [{"run": r["run"], **bucket} for r in rows
              for bucket in length_buckets(texts[split][0], hyps[split][r["run"]],
                                           texts[split][1])]
@@ -219,9 +336,31 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   panels = []
   for workdir in workdirs:
     weights, src, tgt = alignment(translators[workdir], attention_text)
-    panels.append((workdir.name, weights[-1].mean(axis=0), src, tgt))  # last layer, head mean
+    panels.append((name[workdir], weights[-1].mean(axis=0), src, tgt))  # last layer, head mean
   plots.attention_side_by_side(panels, out_dir / "attention.png")
   return rows
+
+
+def _check_runs(workdirs: Sequence[str | Path]) -> list[Path]:
+  """The given run workdirs, each once; a path that is not a run is a `UserError` naming it."""
+  if not workdirs:
+    raise UserError("No training runs among the given directories; pass run workdirs.")
+  bad = [f"{w} ({_not_a_run(Path(w))})" for w in workdirs
+         if not (Path(w) / layout.CONFIG).is_file()]
+  if bad:
+    what = "Not a training run" if len(bad) == 1 else "Not training runs"
+    raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that scripts/train.py"
+                    " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
+  unique = {}
+  for w in workdirs:
+    unique.setdefault(Path(w).resolve(), Path(w))
+  return list(unique.values())
+
+
+def _not_a_run(path: Path) -> str:
+  if not path.exists():
+    return "does not exist"
+  return "no config.json" if path.is_dir() else "not a directory"
 
 
 def seed_aggregate(rows: list[dict], fields: Sequence[str], sets: Sequence[str],

@@ -1,16 +1,23 @@
-"""compare.py's table: columns from the swept fields, seed statistics, length buckets, test sets."""
+"""compare.py's table: columns from the swept fields, seed statistics, length buckets, test sets,
+evaluations that are never stale, run names, and the refusals."""
 
 import csv
+import json
+import logging
 import math
+import shutil
 import statistics
+import subprocess
+import sys
 
 import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
-from seq2seq import compare, sweep
+from seq2seq import compare, evaluate, sweep
 from seq2seq.errors import UserError
-from tests.conftest import fast_tiny_config
+from tests.conftest import ROOT, fast_tiny_config
+from tests.test_cli import ENV
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -111,3 +118,185 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   with open(out / "length.csv", encoding="utf-8") as f:
     assert len(list(csv.DictReader(f))) == 4 * len(compare.LENGTH_EDGES + (None,))
   assert (out / "length.png").read_bytes()[:8] == PNG
+
+
+# --- Runs compared on a corpus of a few sentences: copies of the trained `run` ----------------
+
+VAL = [("A dog runs on the beach.", "Ein Hund rennt am Strand."),
+       ("Two men are playing football in a long green park near the river.",
+        "Zwei Männer spielen Fußball in einem langen grünen Park am Fluss."),
+       ("A woman is cooking.", "Eine Frau kocht.")]
+
+
+def small_run(run, workdir):
+  """A copy of the trained run at `workdir` whose corpus (val and test) is VAL alone: comparing
+  it decodes three sentences. Its checkpoints, vocabulary and metrics are the run's."""
+  corpus = workdir.parent / f"{workdir.name}-corpus"
+  corpus.mkdir(parents=True)
+  for split in ("val", "test"):
+    (corpus / f"{split}.en").write_text("".join(s + "\n" for s, _ in VAL), encoding="utf-8")
+    (corpus / f"{split}.de").write_text("".join(t + "\n" for _, t in VAL), encoding="utf-8")
+  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("eval"))
+  config = json.loads((workdir / "config.json").read_text(encoding="utf-8"))
+  config["data"]["corpus"] = str(corpus)
+  (workdir / "config.json").write_text(json.dumps(config), encoding="utf-8")
+  return workdir
+
+
+def pair(directory, src_lines, ref_lines, name="extra"):
+  """`directory/<name>.en` and `.de`: a --test_set's files."""
+  directory.mkdir(parents=True, exist_ok=True)
+  src, ref = directory / f"{name}.en", directory / f"{name}.de"
+  src.write_text("".join(line + "\n" for line in src_lines), encoding="utf-8")
+  ref.write_text("".join(line + "\n" for line in ref_lines), encoding="utf-8")
+  return str(src), str(ref)
+
+
+def scores(row, name):
+  return row[f"{name}_bleu"], row[f"{name}_chrf"]
+
+
+def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run, tmp_path):
+  workdir = small_run(run, tmp_path / "run")
+
+  def compare_val(**search):
+    return compare.compare_runs([workdir], tmp_path / "out", split="val", beam_size=2,
+                                n_samples=20, **search)[0]
+
+  row = compare_val(alpha=0.6)
+  fresh, prefix = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.6)
+  assert scores(row, "val") == (fresh["bleu"], fresh["chrf"])
+  (cached,) = (workdir / "eval" / "compare").glob("val.beam2.*.json")
+  key = json.loads(cached.read_text())["key"]
+  assert (key["checkpoint_steps"], key["beam_size"], key["alpha"]) == ([4], 2, 0.6)
+  hyp_file, json_file = evaluate.output_files(prefix)
+  assert cached.with_suffix(".hyp").read_text() == hyp_file.read_text()
+
+  # Nothing changed: the cached result is shown (marked here so that it can be told apart).
+  cached.write_text(json.dumps({**json.loads(cached.read_text()), "bleu": 99.0}))
+  assert compare_val(alpha=0.6)["val_bleu"] == 99.0
+
+  # scripts/evaluate.py --alpha=0 writes eval/val.best.beam2.*: compare at --alpha=0 decodes
+  # anew (and never reads those files), and at 0.6 keeps its own result.
+  evaluate_py, _ = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.0)
+  json_file.write_text(json.dumps({**json.loads(json_file.read_text()), "bleu": 77.0}))
+  assert scores(compare_val(alpha=0.0), "val") == (evaluate_py["bleu"], evaluate_py["chrf"])
+  assert compare_val(alpha=0.6)["val_bleu"] == 99.0
+  assert len(list((workdir / "eval" / "compare").glob("val.beam2.*.json"))) == 2
+
+  # Another checkpoint becomes "best" (the run trained further): evaluated anew.
+  shutil.rmtree(workdir / "checkpoints" / "4")
+  row = compare_val(alpha=0.6)
+  fresh, _ = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.6)
+  assert fresh["checkpoint_steps"] == [2]
+  assert scores(row, "val") == (fresh["bleu"], fresh["chrf"])
+  shutil.copytree(run / "checkpoints" / "4", workdir / "checkpoints" / "4")
+  assert compare_val(alpha=0.6)["val_bleu"] == 99.0  # Step 4 again: its result, cached.
+
+
+def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
+  workdir = small_run(run, tmp_path / "run")
+  sources = [s for s, _ in VAL]
+  translated = [nbest[0][0] for nbest in
+                evaluate.Translator(workdir, "best", beam_size=2).translate(sources)]
+  a = pair(tmp_path / "a", sources, ["Völlig anders.", "Nichts davon.", "Kein Wort."])
+  b = pair(tmp_path / "b", sources, translated)  # The run's own output: chrF 100.
+  rows = {}
+  for name, (src, ref) in (("a", a), ("b", b)):  # The second with the first's cache there.
+    test_set = compare.parse_test_set(f"{name}={src},{ref}")
+    rows[name] = compare.compare_runs([workdir], tmp_path / "out", split="val",
+                                      test_sets=[test_set], beam_size=2, n_samples=20)[0]
+    fresh, _ = evaluate.run_evaluation(workdir, src_file=src, ref_file=ref, beam_size=2)
+    assert scores(rows[name], name) == (fresh["bleu"], fresh["chrf"])
+  assert rows["b"]["b_chrf"] == 100.0 and rows["a"]["a_chrf"] < 50
+
+
+def test_runs_with_the_same_directory_name_stay_apart(run, tmp_path):
+  runs = [small_run(run, tmp_path / "runs" / group / "s0") for group in ("a", "b")]
+  out = tmp_path / "out"
+  rows = compare.compare_runs(runs, out, split="val", beam_size=2, n_samples=20)
+  assert [r["run"] for r in rows] == ["a/s0", "b/s0"]
+  assert rows[1]["val_p_value"] == 1.0  # The same model: tested against the other s0.
+  with open(out / "length.csv", encoding="utf-8") as f:
+    lengths = [(r["run"], r["bucket"]) for r in csv.DictReader(f)]
+  buckets = ["0-9", "10-19", "20-29", "30+"]
+  assert lengths == [(name, b) for name in ("a/s0", "b/s0") for b in buckets]
+  with open(out / "comparison.csv", encoding="utf-8") as f:
+    assert [r["run"] for r in csv.DictReader(f)] == ["a/s0", "b/s0"]
+
+
+def test_run_names_are_paths_below_the_common_parent(tmp_path):
+  assert compare.run_names([tmp_path / "runs" / "a" / "s0"]) == ["s0"]
+  assert compare.run_names([tmp_path / "x" / "a" / "s0", tmp_path / "x" / "b" / "s0",
+                            tmp_path / "x" / "b" / "s1"]) == ["a/s0", "b/s0", "b/s1"]
+  assert compare.run_names([tmp_path / "r", tmp_path / "r" / "more"]) == ["r", "r/more"]
+
+
+def test_paths_that_are_not_runs_are_refused_before_anything_is_written(run, tmp_path):
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes.md").write_text("")
+  out = tmp_path / "out"
+  with pytest.raises(UserError) as e:
+    compare.compare_runs([run, tmp_path / "tpyo", tmp_path / "notes", tmp_path / "notes.md"],
+                         out)
+  assert str(e.value) == (
+      f"Not training runs: {tmp_path}/tpyo (does not exist), {tmp_path}/notes (no config.json),"
+      f" {tmp_path}/notes.md (not a directory); pass only the workdirs that scripts/train.py"
+      " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
+  assert not out.exists()
+  assert not (run / "eval" / "compare").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["{tmp}/tpyo"], "Not a training run: {tmp}/tpyo (does not exist); pass only the workdirs"
+     " that scripts/train.py wrote (each holds config.json), e.g. runs/rnn_attention/*."),
+    (["--alpha=-1"], "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is"
+     " usual)."),  # The flag reaches compare_runs.
+])
+def test_the_command_refuses_in_one_line_with_status_2(run, tmp_path, args, expected):
+  args = [a.format(tmp=tmp_path) for a in args]
+  out = tmp_path / "out"
+  result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), str(run), *args,
+                           f"--out={out}"], capture_output=True, text=True, env=ENV, timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == ["error: " + expected.format(tmp=tmp_path)]
+  assert not out.exists()
+
+
+def test_runs_scored_on_other_sentences_are_refused_before_anything_is_written(run, tmp_path):
+  a = small_run(run, tmp_path / "a")
+  b = small_run(run, tmp_path / "b")
+  (tmp_path / "b-corpus" / "val.de").write_text("Anders.\nAnders.\nAnders.\n", encoding="utf-8")
+  out = tmp_path / "out"
+  with pytest.raises(UserError) as e:
+    compare.compare_runs([a, b], out, split="val")
+  assert str(e.value) == (f"{b} has other val sentences than the baseline {a} (their config.data"
+                          " differs); compare runs of one corpus.")
+  assert not out.exists() and not (a / "eval").exists()
+
+
+def metrics_copy(run, tmp_path, extra: str = "", at: int | None = None):
+  """A directory holding the run's metrics.jsonl, with `extra` appended or inserted before
+  line `at`."""
+  lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+  lines.insert(len(lines) if at is None else at - 1, extra)
+  (tmp_path / "metrics.jsonl").write_text("".join(lines), encoding="utf-8")
+  return tmp_path
+
+
+def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, caplog):
+  whole = compare._training_record(run)
+  workdir = metrics_copy(run, tmp_path, '{"step": 5, "split": "train", "loss": 3.')
+  with caplog.at_level("WARNING", logger="seq2seq"):
+    assert compare._training_record(workdir) == whole
+  assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+      (logging.WARNING, f"{workdir}/metrics.jsonl: its last line was cut off (the run was stopped"
+       " while writing it?) and is skipped.")]
+
+
+def test_a_broken_metrics_line_before_the_last_is_an_error(run, tmp_path):
+  workdir = metrics_copy(run, tmp_path, '{"step": 3, "split": "tr\n', at=2)
+  with pytest.raises(UserError) as e:
+    compare._training_record(workdir)
+  assert str(e.value) == (f"{workdir}/metrics.jsonl line 2 is not a JSON record (Unterminated"
+                          " string starting at); repair or delete that line.")
