@@ -4,12 +4,23 @@ A run's workdir holds `checkpoints/<step>/` (the train state, written
 atomically by orbax: a killed save leaves no half-written step), the run's
 `config.json` and its SentencePiece vocabulary in `vocab/`. The latest
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
+
+A full disk while saving is a `UserError` naming the step and the last good
+checkpoint (`full_disk_error`); a checkpoint that the run's training rotates
+away while evaluation reads it is `CheckpointRemoved`, never called damaged.
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -24,9 +35,125 @@ from seq2seq.errors import UserError, describe
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
 log = logging.getLogger("seq2seq")
-# A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
-logging.getLogger("absl").addFilter(
-    lambda record: "did not provide metrics" not in record.getMessage())
+# errno values of a full disk; tensorstore reports them inside its message as os_error_code='28'.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+# A training that holds the run (its .lock) may be deleting a rotated checkpoint file by file:
+# how long a reader waits for the directory to go before calling it damaged.
+REMOVAL_WAIT_SECONDS = 5.0
+_ORBAX = os.path.dirname(ocp.__file__) + os.sep  # Where orbax's code (and its coroutines) live.
+
+
+def full_disk(error: BaseException | None) -> OSError | None:
+  """The full-disk error (ENOSPC, EDQUOT) in `error` or its chain (`__cause__`, `__context__`,
+  an exception group's members), as an OSError; None if there is none.
+
+  orbax wraps an OSError, and tensorstore's writes raise a ValueError that carries the code
+  only in its text ("... No space left on device [os_error_code='28']").
+  """
+  seen, todo = set(), [error]
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in FULL_DISK:
+      return e
+    if not isinstance(e, UserError) and (code := _full_disk_code(str(e))):
+      return OSError(code, os.strerror(code))
+    todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+  return None
+
+
+def _full_disk_code(text: str) -> int | None:
+  """The full-disk errno that a library's message reports, if it reports one."""
+  match = _OS_ERROR_CODE.search(text)
+  code = int(match[1]) if match else errno.ENOSPC if os.strerror(errno.ENOSPC) in text else None
+  return code if code in FULL_DISK else None
+
+
+def full_disk_error(error: BaseException, doing: str, last_step: int | None) -> UserError | None:
+  """The one line for a full disk found in `error` (None if it is something else): what was
+  being written (`doing`), the last good checkpoint, and that the same command resumes."""
+  found = full_disk(error)
+  if found is None:
+    return None
+  last = (f"the last good checkpoint is step {last_step}" if last_step is not None
+          else "no checkpoint was saved yet")
+  again = "resume" if last_step is not None else "start again"
+  return UserError(f"{found.strerror or os.strerror(found.errno)} while {doing}; {last}. Free"
+                   f" some space and run the same command to {again}.")
+
+
+@contextlib.contextmanager
+def full_disk_is_user_error(workdir: Path, last_step: Callable[[], int | None]):
+  """Within: a full disk at any write in `workdir` (its config, vocabulary, metrics) is one
+  `UserError` line naming the file where known and the last good checkpoint (`last_step()`)."""
+  try:
+    yield
+  except UserError:
+    raise
+  except Exception as e:
+    found = full_disk(e)
+    if found is None:
+      raise
+    where = found.filename or f"in {workdir}"
+    raise full_disk_error(e, f"writing {where}", last_step()) from e
+
+
+def _library_log_shown(record: logging.LogRecord) -> bool:
+  """False for the log lines of orbax (absl) and asyncio that our one-line messages replace."""
+  # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
+  if "did not provide metrics" in record.getMessage():
+    return False
+  # orbax's work that a failed save or read left behind: asyncio logs the error of each of its
+  # tasks and tensorstore futures ("... exception was never retrieved"), which the one-line
+  # message has reported.
+  if record.name == "asyncio" and (_ORBAX in record.getMessage()
+                                   or "OCDBT database" in record.getMessage()):
+    return False
+  # A full disk: each of orbax's threads logs its traceback; `Checkpoints.save` says it once.
+  if record.levelno >= logging.ERROR and _full_disk_code(record.getMessage()):
+    return False
+  return full_disk(record.exc_info[1] if record.exc_info else None) is None
+
+
+for _name in ("absl", "asyncio"):
+  logging.getLogger(_name).addFilter(_library_log_shown)
+
+
+def _abandoned_orbax_work(unraisable) -> bool:
+  """Whether an unraisable exception is orbax's work left behind by a failed save or read:
+  tensorstore completing it into orbax's closed event loop, or its coroutine collected."""
+  exc, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+  return ((isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed")
+          or (code is not None and code.co_filename.startswith(_ORBAX)))
+
+
+def _ignore_abandoned_orbax_work() -> None:
+  """From now on, orbax's work that a failed save or read left running reports to no one: the
+  failure is reported once, in one line, and these print pages (until the process exits)."""
+  if getattr(sys.unraisablehook, "ignores_abandoned_orbax_work", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _abandoned_orbax_work(unraisable):
+      previous(unraisable)
+
+  hook.ignores_abandoned_orbax_work = True
+  sys.unraisablehook = hook
+
+
+class CheckpointRemoved(UserError):
+  """A checkpoint that the run's training removed (its rotation) while it was being read."""
+
+  def __init__(self, step: int, directory: Path):
+    super().__init__(f"Checkpoint {step} in {directory} was removed by the run's training (it"
+                     " keeps only its latest checkpoints, config.checkpoint.keep) while this"
+                     " command read it; it is not damaged. Run the command again, or once the"
+                     " training has finished.")
+    self.step = step
 
 
 class Checkpoints:
@@ -50,6 +177,10 @@ class Checkpoints:
     # restoring that step reports it again, in our one line.
     with self.quiet():
       self.manager = ocp.CheckpointManager(self.directory, options=options)
+    _ignore_abandoned_orbax_work()
+    self._unfinished: int | None = None  # The step of a save not known to be on disk yet.
+    self._partial: list[int] = []  # Steps whose save failed: their temporary directories.
+    self._closed = False
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -118,11 +249,47 @@ class Checkpoints:
         " a new --workdir.")
 
   def save(self, step: int, state, metrics: dict | None = None) -> None:
-    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary."""
+    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary.
+
+    Raises:
+      UserError: the disk is full (the step, this directory and the last good checkpoint
+        named); the earlier checkpoints are untouched, and the same command resumes.
+    """
+    self._finish()  # A save still writing fails here, under its own step.
     fingerprint = vocab_fingerprint(self.directory.parent / layout.VOCAB)
-    self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
-                      custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
-    self.manager.wait_until_finished()
+    self._unfinished = step
+    with self._full_disk_is_user_error():
+      self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
+                        custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
+    self._finish()
+
+  def _finish(self) -> None:
+    """Waits for the save in progress (orbax may write in the background)."""
+    if self._unfinished is not None:
+      with self._full_disk_is_user_error():
+        self.manager.wait_until_finished()
+      self._unfinished = None
+
+  @contextlib.contextmanager
+  def _full_disk_is_user_error(self):
+    """A full disk during the save of `self._unfinished` becomes one `UserError` line; the
+    half-written step is removed (it holds space, and no reader lists it)."""
+    try:
+      yield
+    except UserError:
+      raise
+    except Exception as e:
+      step, self._unfinished = self._unfinished, None
+      if full_disk(e) is None:
+        raise
+      if step is None:
+        return  # No save in progress: orbax repeats the failure that `save` reported.
+      self._partial.append(step)
+      self._remove_partial()
+      with contextlib.suppress(Exception), self.quiet():
+        self.manager.reload()  # The steps on disk: the failed one is not among them.
+      raise full_disk_error(e, f"saving the checkpoint of step {step} in {self.directory}",
+                            self.latest_step()) from e
 
   @contextlib.contextmanager
   def quiet(self):
@@ -150,6 +317,8 @@ class Checkpoints:
     except (UserError, AttributeError, NameError):
       raise  # The user's mismatch, or a bug of ours: not the checkpoint's damage.
     except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
+      if self._removed(step):
+        raise CheckpointRemoved(step, self.directory) from e
       error = describe(e)
     good = []
     for other in self.all_steps():
@@ -164,6 +333,19 @@ class Checkpoints:
            else "no other checkpoint restores either; train the run again")
     raise UserError(f"Checkpoint {step} in {self.directory} cannot be restored ({error});"
                     f" {use}.")
+
+  def _removed(self, step: int) -> bool:
+    """Whether `step`'s directory is gone: the run's training rotated it away. While a
+    training holds the run (its lock file exists), one it is still deleting file by file is
+    given REMOVAL_WAIT_SECONDS to go."""
+    path = self.directory / str(step)
+    training = (self.directory.parent / layout.LOCK).exists()
+    deadline = time.monotonic() + (REMOVAL_WAIT_SECONDS if training else 0.0)
+    while path.exists():
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.05)
+    return True
 
   def restore_latest_good(self, like) -> tuple[int | None, object]:
     """Restores the newest checkpoint that reads back, moving damaged newer ones aside.
@@ -235,7 +417,23 @@ class Checkpoints:
                     f" best, avg:N or one of the steps {', '.join(map(str, steps))}.")
 
   def close(self) -> None:
-    self.manager.close()
+    """Waits for a save in progress (a full disk: `UserError`, as in `save`), then closes.
+    Closing twice does nothing."""
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      with self._full_disk_is_user_error():
+        self.manager.close()
+    finally:
+      self._remove_partial()  # Again: writes that the failure left running may have added to it.
+
+  def _remove_partial(self) -> None:
+    """Removes what failed saves wrote (orbax's `<step>.orbax-checkpoint-tmp`): it holds space,
+    no reader lists it, and the next save of that step would log its removal."""
+    for step in self._partial:
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:

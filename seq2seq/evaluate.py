@@ -21,7 +21,7 @@ from flax import nnx
 
 from seq2seq import compiling, decoding, layout
 from seq2seq import config as config_lib
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.checkpoint import CheckpointRemoved, Checkpoints
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from seq2seq.errors import UserError
@@ -221,7 +221,22 @@ def plot_alignment(translator: Translator, text: str, path: str | Path) -> Path:
 
 
 def _restore_params(workdir: Path, spec: str, config, params_like):
-  """The parameters of the checkpoint(s) `spec` names, averaged when several."""
+  """The parameters of the checkpoint(s) `spec` names, averaged when several.
+
+  The checkpoints are those that exist when the read starts. A live run's training may remove
+  one meanwhile (it keeps only its latest): then `spec` is resolved again and read once more;
+  a second removal is `CheckpointRemoved`, a one-line UserError that says so.
+  """
+  try:
+    return _read_params(workdir, spec, config, params_like)
+  except CheckpointRemoved as removed:
+    log.info("Checkpoint %d was removed by the run's training while it was read; reading"
+             " --checkpoint=%s again.", removed.step, spec)
+  return _read_params(workdir, spec, config, params_like)
+
+
+def _read_params(workdir: Path, spec: str, config, params_like):
+  """`_restore_params`, one try."""
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:
     steps = checkpoints.resolve(spec)

@@ -46,6 +46,19 @@ def write_atomically(path: Path, text: str) -> None:
     tmp.unlink(missing_ok=True)
 
 
+def create_workdir(workdir: str | Path) -> bool:
+  """Creates `workdir` (and missing parents); True if this call made it, False if it existed.
+
+  `mkdir` without exist_ok: of simultaneous first starts on one new workdir exactly one made
+  it, and only that one may remove it again (once it also holds the lock: `train._train_in`).
+  """
+  try:
+    Path(workdir).mkdir(parents=True)
+  except FileExistsError:
+    return False
+  return True
+
+
 def check_writable(workdir: str | Path) -> None:
   """Raises `UserError` unless `workdir` is, or can be created as, a writable directory.
 
@@ -74,7 +87,12 @@ class WorkdirLock:
 
   def acquire(self) -> None:
     while True:
-      f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+      try:
+        f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+      except FileNotFoundError:
+        # The start that had just made the new workdir failed and removed it, or a user did.
+        raise UserError(f"{self.path.parent} was removed while this training started; run the"
+                        " command again.") from None
       try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:

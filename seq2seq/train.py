@@ -33,7 +33,13 @@ from jax.sharding import PartitionSpec as P
 
 from seq2seq import compiling, errors, evaluate, layout, models
 from seq2seq import config as config_lib
-from seq2seq.checkpoint import Checkpoints, check_run_config, save_run_config
+from seq2seq.checkpoint import (
+  Checkpoints,
+  check_run_config,
+  full_disk_error,
+  full_disk_is_user_error,
+  save_run_config,
+)
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -459,49 +465,60 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
 
 def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
-  """`train_and_evaluate` once the run's processes have joined."""
+  """`train_and_evaluate` once the run's processes have joined.
+
+  A new workdir is removed again when its start fails before the first checkpoint, but only
+  by the start whose `mkdir` made it, and while it holds the run's lock: of two simultaneous
+  first starts, the one refused the lock removes nothing. A full disk at any write ends in one
+  `UserError` line naming the last good checkpoint, which the same command resumes from.
+  """
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.
   layout.check_writable(workdir)
-  created = jax.process_index() == 0 and not workdir.exists()  # Checkpoints() creates it.
-  check_run_config(workdir, config)
-  num_steps = config.train.num_steps
-  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
-  latest = checkpoints.latest_step()
-  if latest is not None and latest >= num_steps:
-    message = (f"The run in {workdir} is complete: its checkpoint is at step {latest} and"
-               f" config.train.num_steps={num_steps}. Nothing to do; pass a larger"
-               " --config.train.num_steps to train further.")
-    log.info(message)
-    checkpoints.close()
-    return {"step": latest, "complete": True, **(checkpoints.manager.metrics(latest) or {})}
-  patience = config.train.patience
-  if latest is not None and patience and evaluations_without_improvement(
-      checkpoints, latest, config.eval.every_steps) >= patience:
-    log.info("The run in %s is complete. %s", workdir,
-             _early_stop_message(checkpoints, latest, patience))
-    checkpoints.close()
-    return {"step": latest, "complete": True, "early_stopped": True}
+  checkpoints = None
+  with full_disk_is_user_error(workdir, lambda: checkpoints and checkpoints.latest_step()):
+    created = jax.process_index() == 0 and layout.create_workdir(workdir)
+    check_run_config(workdir, config)
+    num_steps = config.train.num_steps
+    checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+    latest = checkpoints.latest_step()
+    if latest is not None and latest >= num_steps:
+      message = (f"The run in {workdir} is complete: its checkpoint is at step {latest} and"
+                 f" config.train.num_steps={num_steps}. Nothing to do; pass a larger"
+                 " --config.train.num_steps to train further.")
+      log.info(message)
+      checkpoints.close()
+      return {"step": latest, "complete": True, **(checkpoints.manager.metrics(latest) or {})}
+    patience = config.train.patience
+    if latest is not None and patience and evaluations_without_improvement(
+        checkpoints, latest, config.eval.every_steps) >= patience:
+      log.info("The run in %s is complete. %s", workdir,
+               _early_stop_message(checkpoints, latest, patience))
+      checkpoints.close()
+      return {"step": latest, "complete": True, "early_stopped": True}
 
-  if latest is not None and not (workdir / layout.VOCAB).is_file():
-    checkpoints.close()  # Retraining it would give the checkpoints a vocabulary of chance.
-    raise UserError(f"{workdir / layout.VOCAB} is missing but {workdir} holds checkpoints"
-                    " trained with it; put it back from a copy of the run, or train in a new"
-                    " --workdir.")
-  if jax.process_index() == 0:
-    workdir.mkdir(parents=True, exist_ok=True)
-  finished = False
-  try:
-    with layout.WorkdirLock(workdir, enabled=jax.process_index() == 0):
-      result = _train(config, workdir, checkpoints)
-    finished = True
-    return result
-  finally:
-    saved = checkpoints.latest_step() is not None
-    checkpoints.close()  # Waits for orbax's threads, which may still create directories.
-    if created and not finished and not saved:
-      # A start that failed (or was interrupted) before its first checkpoint leaves nothing.
-      shutil.rmtree(workdir, ignore_errors=True)
+    if latest is not None and not (workdir / layout.VOCAB).is_file():
+      checkpoints.close()  # Retraining it would give the checkpoints a vocabulary of chance.
+      raise UserError(f"{workdir / layout.VOCAB} is missing but {workdir} holds checkpoints"
+                      " trained with it; put it back from a copy of the run, or train in a new"
+                      " --workdir.")
+    try:
+      with layout.WorkdirLock(workdir, enabled=jax.process_index() == 0):
+        finished = False
+        try:
+          result = _train(config, workdir, checkpoints)
+          finished = True
+        finally:
+          if created and not finished:  # This start made the workdir and holds its lock.
+            saved = checkpoints.latest_step() is not None
+            checkpoints.close()  # Waits for orbax's threads, which may still create directories.
+            if not saved:
+              # A start that failed (or was interrupted) before its first checkpoint leaves
+              # nothing; removed before the lock is released, so no other start trains in it.
+              shutil.rmtree(workdir, ignore_errors=True)
+      return result
+    finally:
+      checkpoints.close()
 
 
 def _report_start(trainer) -> None:
@@ -536,7 +553,15 @@ def _evaluate_and_save(trainer, state, done: int, checkpoints: Checkpoints, writ
   if not math.isfinite(result["loss"]):  # Finite training losses, diverged parameters.
     raise _diverged(f"{split} loss is {result['loss']}", done, checkpoints.latest_step())
   result["train_wall_seconds"] = train_wall_seconds
-  writer.write(done, split, result)
+  try:
+    writer.write(done, split, result)
+  except OSError as e:  # The checkpoint below would not fit either.
+    workdir = checkpoints.directory.parent
+    error = full_disk_error(e, f"writing the {split} metrics of step {done} in {workdir}",
+                            checkpoints.latest_step())
+    if error is None:
+      raise
+    raise error from e
   checkpoints.save(done, state, metrics={"bleu": result["bleu"], "loss": result["loss"]})
   if writer.enabled:  # tqdm.write prints even where the bar is disabled.
     progress.write(f"step {done}: {split} loss {result['loss']:.3f} BLEU {result['bleu']:.2f}"
