@@ -30,6 +30,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from seq2seq import config as config_lib
 from seq2seq import layout
+from seq2seq.data import tokenizer
 from seq2seq.errors import UserError, describe
 
 BEST_METRIC = "bleu"
@@ -213,7 +214,7 @@ class Checkpoints:
     if found is None:
       raise UserError(f"{path} is missing: the checkpoint at step {step} only works with the"
                       " vocabulary it was trained with; put it back from a copy of the run.")
-    if found != recorded:
+    if recorded not in (found, _bytes_sha256(path)):  # Checkpoints saved before content ones.
       raise UserError(f"{path} is not the vocabulary the checkpoint at step {step} was trained"
                       f" with (sha256 {found[:12]}..., recorded {recorded[:12]}...); put back the"
                       " run's vocab/ or train in a new --workdir.")
@@ -499,5 +500,12 @@ def _vocab_size(path: Path) -> int | None:
 
 
 def vocab_fingerprint(path: Path) -> str | None:
-  """sha256 of a SentencePiece model file (None if there is none)."""
-  return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+  """The fingerprint of a SentencePiece model's content (`tokenizer.fingerprint`; None if
+  there is none): a vocabulary trained again from the same text and seed has the same one."""
+  return tokenizer.fingerprint(path)
+
+
+def _bytes_sha256(path: Path) -> str:
+  """sha256 of a file's bytes: what checkpoints recorded as the vocabulary's fingerprint
+  before it was taken over the content."""
+  return hashlib.sha256(path.read_bytes()).hexdigest()

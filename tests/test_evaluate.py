@@ -187,11 +187,12 @@ def test_best_checkpoint_is_known_after_a_restart(tmp_path):
 
 
 def _foreign_vocab(path):
-  """The same pieces in a file that is not the run's (another run's training options)."""
+  """The same pieces, one scored otherwise: a vocabulary of the same size that is not the run's
+  (another file name alone is still the run's: `tokenizer.fingerprint`)."""
   from sentencepiece import sentencepiece_model_pb2
   proto = sentencepiece_model_pb2.ModelProto()
   proto.ParseFromString(path.read_bytes())
-  proto.trainer_spec.model_prefix += "-another-run"
+  proto.pieces[10].score -= 1.0
   path.write_bytes(proto.SerializeToString())
 
 
@@ -217,6 +218,47 @@ def test_a_replaced_or_missing_vocabulary_is_refused(run, tmp_path):
   assert str(e.value) == (f"{vocab} is missing but {workdir} holds checkpoints trained with it;"
                           " put it back from a copy of the run, or train in a new --workdir.")
   assert sorted(p for p in workdir.rglob("*")) == before  # Not retrained.
+
+
+def test_a_vocabulary_trained_again_from_the_same_text_is_the_runs(run, tmp_path):
+  """A sibling run's vocabulary (same text, size and seed: other bytes, since SentencePiece
+  writes its own file name into the model) passes the fingerprint check."""
+  from seq2seq.data import corpus, tokenizer
+
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  vocab = workdir / "vocab" / "spm.model"
+  config = config_lib.from_json((workdir / "config.json").read_text())
+  text = corpus.read_split(config.data, "train")
+  again = tokenizer.train_tokenizer(text.src + text.tgt, tmp_path / "sibling" / "spm",
+                                    config.data.vocab_size, seed=config.train.seed)
+  del again
+  sibling = tmp_path / "sibling" / "spm.model"
+  assert sibling.read_bytes() != vocab.read_bytes()
+  assert tokenizer.fingerprint(sibling) == tokenizer.fingerprint(vocab)
+  expected = evaluate.Translator(workdir, "latest", beam_size=1).translate(["A dog runs."])
+  shutil.copy(sibling, vocab)
+  assert evaluate.Translator(workdir, "latest", beam_size=1).translate(["A dog runs."]) == expected
+
+
+def test_checkpoints_recording_the_vocabularys_bytes_stay_valid(run, tmp_path, monkeypatch):
+  """Checkpoints saved before the fingerprint was taken over the content recorded the sha256 of
+  the file's bytes; they still read with their vocabulary, and refuse another one."""
+  import hashlib
+
+  from seq2seq import checkpoint
+
+  monkeypatch.setattr(checkpoint, "vocab_fingerprint",
+                      lambda path: hashlib.sha256(path.read_bytes()).hexdigest()
+                      if path.is_file() else None)
+  c = config_lib.from_json((run / "config.json").read_text())
+  c.train.num_steps, c.eval.every_steps = 2, 2
+  train.train_and_evaluate(c, tmp_path / "old")
+  monkeypatch.undo()
+  evaluate.Translator(tmp_path / "old", "latest").translate(["A dog runs."])
+  _foreign_vocab(tmp_path / "old" / "vocab" / "spm.model")
+  with pytest.raises(UserError, match="is not the vocabulary the checkpoint at step 2"):
+    evaluate.Translator(tmp_path / "old", "latest")
 
 
 def test_cut_source_lines_are_counted_in_one_warning(run, caplog):

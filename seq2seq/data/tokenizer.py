@@ -5,6 +5,7 @@ once per run and stored in the workdir, so evaluating a run always uses its own
 vocabulary.
 """
 
+import hashlib
 import logging
 import os
 import threading
@@ -82,6 +83,23 @@ class Tokenizer:
       # ids early in training; evaluation must not crash on them.
       pieces.append(i if 0 <= i < vocab_size else UNK_ID)
     return self._sp.decode(pieces)
+
+
+def fingerprint(path: str | Path) -> str | None:
+  """sha256 of a SentencePiece model's content: each piece with its score and kind, in id
+  order (None if there is no file). Training writes its own file name into the model, so
+  two trainings of one vocabulary differ in bytes but not in this."""
+  path = Path(path)
+  if not path.is_file():
+    return None
+  processor = spm.SentencePieceProcessor(model_file=str(path))
+  digest = hashlib.sha256()
+  for i in range(processor.vocab_size()):
+    kind = "".join(str(int(test(i))) for test in (processor.is_unknown, processor.is_control,
+                                                   processor.is_unused, processor.is_byte))
+    digest.update(f"{processor.id_to_piece(i)}\t{processor.get_score(i)!r}\t{kind}\n"
+                  .encode())
+  return digest.hexdigest()
 
 
 def _in_a_thread(fn, **kwargs) -> None:
