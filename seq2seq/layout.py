@@ -76,6 +76,17 @@ def check_writable(workdir: str | Path) -> None:
                     " read-only filesystem); pass a --workdir on a writable disk.")
 
 
+class WorkdirInUse(UserError):
+  """The workdir's lock is held by another training (`holder`: its host and pid)."""
+
+  def __init__(self, message: str, holder: str = ""):
+    super().__init__(message)
+    self.holder = holder
+
+  def __reduce__(self):  # Pickled across a sweep's processes with both arguments.
+    return type(self), (str(self), self.holder)
+
+
 class WorkdirLock:
   """Context manager holding `<workdir>/.lock`; `enabled=False` makes it a no-op (the
   processes of a multi-host run other than process 0)."""
@@ -99,9 +110,9 @@ class WorkdirLock:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise UserError(f"{self.path.parent} is in use by another training ({holder}, holding"
-                        f" {self.path}); wait for it to finish or stop it, or pass another"
-                        " --workdir.") from None
+        raise WorkdirInUse(f"{self.path.parent} is in use by another training ({holder},"
+                           f" holding {self.path}); wait for it to finish or stop it, or pass"
+                           " another --workdir.", holder) from None
       try:
         same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
       except FileNotFoundError:

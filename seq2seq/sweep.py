@@ -81,7 +81,8 @@ def _train(config_json: str, workdir: str) -> str | None:
 def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | Path,
               parallel: int = 1) -> dict[str, str]:
   """Trains every combination; returns run name -> "trained", "skipped", "failed: ...",
-  "stopped by SIGTERM at step N" or "not started" (after a stop)."""
+  "in use by another training ..." (another sweep trains it), "stopped by SIGTERM at step N"
+  or "not started" (after a stop)."""
   if parallel < 1:
     raise UserError(f"--parallel={parallel} must be at least 1 (runs trained at once).")
   root = Path(root)
@@ -98,7 +99,12 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
            len(runs) - len(todo), len(todo))
 
   def record(name, stopped=None, error=None):
-    status[name] = (f"failed: {error}" if error else stopped or "trained")
+    if isinstance(error, layout.WorkdirInUse):  # Another sweep's (or training's) run: not ours.
+      status[name] = (f"in use by another training ({error.holder}); not trained here: run the"
+                      " sweep again once it ends")
+    else:
+      status[name] = (f"failed: {type(error).__name__}: {error}" if error
+                      else stopped or "trained")
     log.info("%s: %s", name, status[name])
 
   # A run stopped by SIGTERM/SIGINT (it saved a checkpoint) stops the sweep: running the same
@@ -108,7 +114,7 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
       try:
         record(name, stopped=_train(config_lib.to_json(run), str(root / name)))
       except Exception as e:  # noqa: BLE001 (one failure must not stop the sweep)
-        record(name, error=f"{type(e).__name__}: {e}")
+        record(name, error=e)
       if status[name].startswith("stopped"):
         break
   else:
@@ -127,5 +133,5 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
           if status[futures[future]].startswith("stopped"):
             pool.shutdown(wait=True, cancel_futures=True)
         else:
-          record(futures[future], error=f"{type(error).__name__}: {error}")
+          record(futures[future], error=error)
   return {name: status.get(name, "not started") for name, _ in runs}

@@ -3,11 +3,13 @@
 import csv
 import os
 import signal
+import socket
 
 import pytest
 
 from seq2seq import compare, sweep, train
 from seq2seq.errors import UserError
+from seq2seq.layout import WorkdirLock
 from tests.conftest import fast_tiny_config, load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -45,13 +47,27 @@ def test_a_failing_run_is_reported_and_the_others_still_train(swept, tmp_path):
   assert status["max_len-16"] == "trained"  # ... and the sweep goes on.
 
 
+def test_a_run_another_sweep_trains_is_left_to_it_and_not_a_failure(swept, tmp_path):
+  c, _, _ = swept
+  busy = tmp_path / "seed-0"
+  busy.mkdir()
+  (busy / "notes.txt").write_text("the other sweep's run")
+  with WorkdirLock(busy):  # As the other sweep's training holds it.
+    status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
+  holder = f"host {socket.gethostname()}, pid {os.getpid()}"
+  assert status == {"seed-0": f"in use by another training ({holder}); not trained here: run the"
+                              " sweep again once it ends",
+                    "seed-1": "trained"}
+  assert sorted(p.name for p in busy.rglob("*") if p.is_file()) == ["notes.txt"]
+
+
 def test_sweep_values_take_the_field_type():
   c = load_config("tiny")
   assert sweep.parse_sweep("train.seed=0,1", c) == ("train.seed", [0, 1])
   assert sweep.parse_sweep("model.pre_ln=true,false", c) == ("model.pre_ln", [True, False])
   with pytest.raises(UserError, match="config has no field model.atention"):
     sweep.parse_sweep("model.atention=dot", c)
-  with pytest.raises(UserError, match="'x' is not a int"):
+  with pytest.raises(UserError, match="'x' is not a whole number"):
     sweep.parse_sweep("train.seed=x", c)
 
 
