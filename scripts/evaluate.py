@@ -5,6 +5,8 @@
       [--plot_attention=K]
   python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val --checkpoint=best,avg:5
   python scripts/evaluate.py --workdir=DIR --src_file=test.en --ref_file=test.de
+  python scripts/evaluate.py --workdir=runs/a --ensemble=runs/b,runs/c --checkpoint=selected
+  python scripts/evaluate.py --workdir=runs/a --checkpoint=ensemble:5
 
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
@@ -23,9 +25,10 @@ import json
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
+from seq2seq.errors import UserError
 from seq2seq.evaluate import run_evaluation, select_checkpoint
 
-_RUN = define_run_flags()
+_RUN = define_run_flags(ensemble=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
@@ -38,6 +41,9 @@ def main(argv):
 
   def evaluate():
     candidates = _RUN["checkpoint"].value.split(",")
+    if len(candidates) > 1 and _RUN["ensemble"].value:
+      raise UserError("--ensemble scores one choice; choose each run's checkpoint on validation"
+                      " alone first, then ensemble with --checkpoint=selected.")
     if len(candidates) > 1:
       result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
                                  beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
@@ -49,7 +55,8 @@ def main(argv):
     result, prefix = run_evaluation(
         _RUN["workdir"].value, split=_SPLIT.value, checkpoint=_RUN["checkpoint"].value,
         beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,
-        src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value)
+        src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
+        ensemble=_RUN["ensemble"].value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 

@@ -7,6 +7,8 @@ Empty input lines give empty output lines. Typed at a terminal, each line is
 translated as soon as it is entered. With --nbest=N > 1 the output is in
 Moses n-best format, `index ||| translation ||| score`, N lines per input line.
 --sample [--temperature=T --top_k=K --seed=S] samples instead of searching.
+--ensemble=DIR[,DIR...] decodes with other runs of the same vocabulary as one
+model, and --checkpoint=ensemble:N with the run's last N checkpoints.
 """
 
 from seq2seq import allocator, errors
@@ -21,7 +23,7 @@ from absl import app, flags
 from seq2seq.cli import define_run_flags, parse_flags, run_main
 from seq2seq.evaluate import Translator, as_lines, check_output, read_lines, write_lines
 
-_RUN = define_run_flags()
+_RUN = define_run_flags(ensemble=True)
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
 _SAMPLE = flags.DEFINE_bool("sample", False, "Sample translations instead of searching.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling: softmax temperature.")
@@ -53,7 +55,8 @@ def main(argv):
                             beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
                             nbest=_NBEST.value,
                             sample_seed=_SEED.value if _SAMPLE.value else None,
-                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value)
+                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+                            ensemble=_RUN["ensemble"].value)
     if interactive:
       print("Type a sentence and Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
       for index, line in enumerate(sys.stdin):

@@ -114,14 +114,20 @@ def _interrupt(signum, frame):
     raise Interrupted(errors.RECEIVED[-1])
 
 
-def define_run_flags(beam_size: int = 4) -> dict:
-  """The flags of every command that decodes with a run: workdir, checkpoint, search."""
-  return {
+def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
+  """The flags of every command that decodes with a run: workdir, checkpoint, search; and,
+  where ensembles decode (`ensemble`), --ensemble."""
+  flags_ = {} if not ensemble else {"ensemble": flags.DEFINE_list(
+      "ensemble", [], "Other runs (comma-separated workdirs) decoding with --workdir's as one"
+      " model: the mean of their log-probabilities at every step; each at the --checkpoint it"
+      " names for it. They must share --workdir's vocabulary.")}
+  return {**flags_,
       "workdir": flags.DEFINE_string("workdir", None, "Directory of a training run.",
                                      required=True),
       "checkpoint": flags.DEFINE_string(
-          "checkpoint", "best", "best, latest, a step, avg:N, or selected (chosen on"
-          " validation by scripts/evaluate.py --checkpoint=best,avg:N --split=val)."),
+          "checkpoint", "best", "best, latest, a step, avg:N, selected (chosen on validation by"
+          " scripts/evaluate.py --checkpoint=best,avg:N --split=val), or ensemble:N (the last N"
+          " checkpoints as an ensemble)."),
       "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
       "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),
   }

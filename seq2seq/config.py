@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.multi30k_dir = ""  # Where the bundled Multi30k lives ("" = data/multi30k in the repo).
   d.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS default).
   d.vocab_size = 8000  # Joint SentencePiece vocabulary size (soft limit on tiny corpora).
+  d.vocab_from = ""  # A run's workdir whose vocabulary this run takes instead of training one.
   d.max_len = 64  # Drop training pairs longer than this many subwords (+BOS/EOS).
   d.tokens_per_batch = 4096  # Token budget of one global training batch (padded).
   d.bucket_step = 8  # Padded lengths are multiples of this.

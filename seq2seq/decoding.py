@@ -81,6 +81,15 @@ def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
 
 
+def select_rows(cache, rows: jnp.ndarray):
+  """The cache of the hypotheses `rows` (`[batch * beam]` indices): every batch-major array
+  gathered, scalars left as they are. A cache with a `select(rows)` method (an ensemble's,
+  whose arrays lead with a member axis) reorders itself."""
+  if hasattr(cache, "select"):
+    return cache.select(rows)
+  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], cache)
+
+
 def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   """The cache sizes beam search decodes with, one phase each: `max_len` halved while
   the half holds at least `shortest` tokens, smallest first (40: 20, 40; 150: 18, 37, 75, 150).
@@ -188,7 +197,7 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     alive_log_probs, keep = jax.lax.top_k(alive_scores, k)
     alive_seq = gather_beams(top_seq, keep)
     flat_beams = (jnp.arange(b)[:, None] * k + gather_beams(top_beam, keep)).reshape(b * k)
-    cache = jax.tree.map(lambda x: x if x.ndim == 0 else x[flat_beams], cache)
+    cache = select_rows(cache, flat_beams)
 
     # Finished: merge the new EOS extensions into the best k so far.
     new_scores = jnp.where(is_eos, top_log_probs / length_penalty(i + 1.0, alpha), neg_inf)

@@ -24,6 +24,8 @@ from seq2seq import config as config_lib
 from seq2seq.checkpoint import CheckpointRemoved, Checkpoints
 from seq2seq.data import batching, corpus
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
+from seq2seq.ensemble import Ensemble, stack
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.train_state import make_optimizer, new_train_state
@@ -76,7 +78,9 @@ def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
   """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
   (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length.
   With `sample_seed`, tokens are sampled (temperature, top-k) instead of searched."""
-  model = nnx.merge(graphdef, params)
+  # An ensemble's graphdef is a tuple, one per architecture (`ensemble.Ensemble`).
+  model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
+           else nnx.merge(graphdef, params))
   max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
   key = None if sample_seed is None else jax.random.key(sample_seed)
   return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
@@ -92,20 +96,51 @@ def search_fn(graphdef, config, beam_size: int, alpha: float, **search):
                            beam_size=beam_size, alpha=alpha, **search)
 
 
+def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
+                      keep: int) -> list[tuple[Path, str]] | None:
+  """(workdir, checkpoint spec) of each member of an ensemble; None for one model.
+
+  `--checkpoint=ensemble:N` makes the last N checkpoints of `workdir` the members; otherwise
+  `workdir` and `others` are, each at the checkpoint `checkpoint` names for it.
+  """
+  if not checkpoint.startswith("ensemble:"):
+    return [(workdir, checkpoint), *((Path(w), checkpoint) for w in others)] if others else None
+  if others:
+    raise UserError(f"--checkpoint={checkpoint} ensembles checkpoints of --workdir alone; drop"
+                    " --ensemble, or pass --checkpoint=best (or another) with it.")
+  n = checkpoint[len("ensemble:"):]
+  checkpoints = Checkpoints(workdir, keep)
+  try:
+    steps = checkpoints.all_steps()
+    if not steps:
+      checkpoints.resolve("latest")  # Says that there is none.
+  finally:
+    checkpoints.close()
+  if not n.isdigit() or not 1 <= int(n) <= len(steps):
+    raise UserError(f"--checkpoint={checkpoint}: N of ensemble:N must be 1 to {len(steps)}, the"
+                    f" checkpoints {workdir / layout.CHECKPOINTS} holds (steps"
+                    f" {', '.join(map(str, steps))}).")
+  return [(workdir, str(step)) for step in steps[-int(n):]]
+
+
 class Translator:
   """A run's model and vocabulary, ready to translate.
 
   Args:
     workdir: a training run's directory.
-    checkpoint: "best" (validation BLEU), "latest", a step, or "avg:N".
+    checkpoint: "best" (validation BLEU), "latest", a step, "avg:N", "selected", or
+      "ensemble:N" (the last N checkpoints as an ensemble).
     beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
     batch_size: sentences per compiled batch.
     sample_seed, temperature, top_k: sample instead of searching when a seed is given.
+    ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.ensemble`), each
+      at the checkpoint `checkpoint` names for it; they must share its vocabulary.
   """
 
   def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
                alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
-               sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
+               sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
+               ensemble: Sequence[str | Path] = ()):
     workdir = Path(workdir)
     config_path = workdir / layout.CONFIG
     if not config_path.exists():
@@ -118,6 +153,11 @@ class Translator:
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
+    if members is not None:
+      self._init_ensemble(workdir, checkpoint, members, beam_size, alpha, nbest, batch_size,
+                          dict(sample_seed=sample_seed, temperature=temperature, top_k=top_k))
+      return
     if checkpoint == "selected":
       checkpoint = selected_checkpoint(workdir)
     checkpoints = Checkpoints(workdir, self.config.checkpoint.keep)
@@ -139,6 +179,46 @@ class Translator:
         self.graphdef, self.config, beam_size, alpha, nbest=nbest, sample_seed=sample_seed,
         temperature=temperature, top_k=top_k)), lambda params, src: src.shape,
         plural="searches")
+
+  def _init_ensemble(self, workdir: Path, checkpoint: str, members: list[tuple[Path, str]],
+                     beam_size: int, alpha: float, nbest: int, batch_size: int,
+                     sampling: dict) -> None:
+    """`__init__` for several members: checks them all (runs, one vocabulary) before any
+    checkpoint is read, then loads and stacks their parameters by architecture."""
+    vocab = workdir / layout.VOCAB
+    fingerprint = tokenizer_fingerprint(vocab)
+    if fingerprint is None:
+      raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
+                      " they were trained with; put it back from a copy of the run.")
+    configs = []
+    for member, _ in members:
+      if not (member / layout.CONFIG).is_file():
+        raise UserError(f"--ensemble: {member} is not a training run (no config.json); pass the"
+                        " --workdir of runs that scripts/train.py wrote.")
+      if tokenizer_fingerprint(member / layout.VOCAB) != fingerprint:
+        raise UserError(f"--ensemble: {member / layout.VOCAB} is not the vocabulary of {workdir}"
+                        " (an ensemble averages the members' probabilities of the same tokens);"
+                        " ensemble runs of one vocabulary, such as runs that differ only in"
+                        " config.train.seed.")
+      configs.append(config_lib.from_json((member / layout.CONFIG).read_text(encoding="utf-8")))
+    self.tokenizer = Tokenizer.load(vocab)
+    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
+    self.beam_size, self.alpha, self.checkpoint = beam_size, alpha, checkpoint
+    groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).
+    self.steps = []
+    for (member, spec), config in zip(members, configs, strict=True):
+      if spec == "selected":
+        spec = selected_checkpoint(member)
+      graphdef, like = nnx.split(build_model(config, self.tokenizer.vocab_size), nnx.Param)
+      steps, params = _restore_params(member, spec, config, like)
+      self.steps.append({"workdir": str(member), "checkpoint": spec, "steps": steps})
+      architecture = json.dumps(config.model.to_dict(), sort_keys=True)
+      groups.setdefault(architecture, (graphdef, []))[1].append(params)
+    self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
+    self.params = tuple(stack(params) for _, params in groups.values())
+    self._search = compiling.Programs("search", jax.jit(search_fn(
+        self.graphdef, self.config, beam_size, alpha, nbest=nbest, **sampling)),
+        lambda params, src: src.shape, plural="searches")
 
   def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
     """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
@@ -387,15 +467,20 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
                    beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64,
                    src_file: str = "", ref_file: str = "",
-                   plot_attention: int = 0) -> tuple[dict, Path]:
+                   plot_attention: int = 0,
+                   ensemble: Sequence[str] = ()) -> tuple[dict, Path]:
   """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
 
   With `plot_attention` K > 0, also draws the attention of the first K non-empty
   source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
+  With `ensemble`, those runs decode with `workdir`'s as one model (`Translator`).
 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
   """
+  if plot_attention and (ensemble or checkpoint.startswith("ensemble:")):
+    raise UserError("--plot_attention draws one model's attention, not an ensemble's; drop one"
+                    " of them.")
   if plot_attention < 0:
     raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
                     " of sentences to draw (0: none).")
@@ -408,13 +493,13 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
       raise UserError(f"--src_file={src_file} has {len(sources)} lines but --ref_file={ref_file}"
                       f" has {len(references)}; pass a reference line for every source line.")
   translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
-                          batch_size=batch_size)
+                          batch_size=batch_size, ensemble=ensemble)
   if src_file:
     name = Path(src_file).name
   else:
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
-  tag = checkpoint.replace(":", "")
+  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}" if ensemble else "")
   prefix = workdir / layout.EVAL / f"{name}.{tag}.beam{beam_size}"
   result = evaluate_split(translator, sources, references, prefix)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]

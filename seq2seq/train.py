@@ -230,11 +230,17 @@ class MetricsWriter:
       self.tensorboard.close()
 
 
+VOCAB_SEED = 0  # Seeds SentencePiece: runs that differ in train.seed share a vocabulary.
+
+
 def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
-  """Trains the run's SentencePiece model once (process 0), then every process loads it."""
+  """Trains the run's SentencePiece model once (process 0), or copies the one of
+  `config.data.vocab_from`; then every process loads it."""
   if jax.process_index() == 0:
+    if config.data.vocab_from and not (workdir / layout.VOCAB).is_file():
+      tokenizer.copy_vocabulary(Path(config.data.vocab_from), workdir)
     tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
-                                  config.data.vocab_size, seed=config.train.seed)
+                                  config.data.vocab_size, seed=VOCAB_SEED)
   multihost_utils.sync_global_devices("tokenizer")
   return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / layout.VOCAB)
 

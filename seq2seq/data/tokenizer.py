@@ -165,6 +165,23 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: 
   return Tokenizer.load(f"{model_prefix}.model")
 
 
+def copy_vocabulary(source: Path, workdir: Path) -> None:
+  """Puts run `source`'s vocabulary in `workdir` (`config.data.vocab_from`): the .vocab first
+  and the .model last, each whole (written under a private name, then renamed)."""
+  model = source / layout.VOCAB
+  if not model.is_file():
+    raise UserError(f"config.data.vocab_from={source}: {model} does not exist; pass the workdir"
+                    " of a run that has trained its vocabulary.")
+  Tokenizer.load(model)  # Refuses one that seq2seq did not write.
+  target = workdir / layout.VOCAB
+  target.parent.mkdir(parents=True, exist_ok=True)
+  for ext in (".vocab", ".model"):
+    if model.with_suffix(ext).is_file():
+      tmp = target.with_name(f"{target.stem}{ext}.tmp{os.getpid()}")
+      tmp.write_bytes(model.with_suffix(ext).read_bytes())
+      os.replace(tmp, target.with_suffix(ext))
+
+
 def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vocab_size: int,
                   seed: int = 0) -> Tokenizer:
   """Loads `<workdir>/vocab/spm.model`, training it from `texts_fn()` first if missing.

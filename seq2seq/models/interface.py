@@ -17,7 +17,8 @@ from flax import nnx
 Memory = Any
 # A family's step-by-step decoding state: a pytree. One with a time axis may offer
 # `resized(length)`, the same state with room for `length` tokens: beam search then
-# grows it in phases (`decoding.cache_lengths`).
+# grows it in phases (`decoding.cache_lengths`); and `select(rows)`, its own reordering
+# by hypothesis (`decoding.select_rows`).
 Cache = Any
 
 
