@@ -68,35 +68,33 @@ def test_the_cache_switched_off(tmp_path, environ, jax_cache_options):
   assert not (tmp_path / "mine").exists()
 
 
-def test_an_unusable_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_cache_options,
-                                                       caplog):
+def _not_a_directory(tmp_path, monkeypatch):
   (tmp_path / "file").write_text("not a directory")
-  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "file" / "cache"))
-  with caplog.at_level(logging.WARNING):
-    assert compiling.enable_cache() is None
-  assert jax.config.jax_compilation_cache_dir is None
-  assert [r.getMessage() for r in caplog.records] == [
-      f"The compilation cache {tmp_path}/file/cache cannot be used (Not a directory); running"
-      " without it. Set JAX_COMPILATION_CACHE_DIR to a writable directory, or"
-      " SEQ2SEQ_COMPILATION_CACHE=off."]
-  assert jnp.add(jnp.ones(3), 1.0).sum() == 6.0  # And JAX computes without it.
+  return tmp_path / "file" / "cache", "Not a directory"
 
 
-def test_a_read_only_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_cache_options,
-                                                      caplog, monkeypatch):
-  def read_only(*args, **kwargs):
+def _read_only(tmp_path, monkeypatch):
+  def refused(*args, **kwargs):
     raise PermissionError(13, "Permission denied")
 
   (tmp_path / "cache").mkdir()
-  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
-  monkeypatch.setattr(compiling.tempfile, "NamedTemporaryFile", read_only)
+  monkeypatch.setattr(compiling.tempfile, "NamedTemporaryFile", refused)
+  return tmp_path / "cache", "Permission denied"
+
+
+@pytest.mark.parametrize("unusable", [_not_a_directory, _read_only],
+                         ids=["not a directory", "read-only"])
+def test_an_unusable_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_cache_options,
+                                                       caplog, monkeypatch, unusable):
+  path, reason = unusable(tmp_path, monkeypatch)
+  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(path))
   with caplog.at_level(logging.WARNING):
     assert compiling.enable_cache() is None
   assert jax.config.jax_compilation_cache_dir is None
   assert [r.getMessage() for r in caplog.records] == [
-      f"The compilation cache {tmp_path}/cache cannot be used (Permission denied); running"
-      " without it. Set JAX_COMPILATION_CACHE_DIR to a writable directory, or"
-      " SEQ2SEQ_COMPILATION_CACHE=off."]
+      f"The compilation cache {path} cannot be used ({reason}); running without it. Set"
+      " JAX_COMPILATION_CACHE_DIR to a writable directory, or SEQ2SEQ_COMPILATION_CACHE=off."]
+  assert jnp.add(jnp.ones(3), 1.0).sum() == 6.0  # And JAX computes without it.
 
 
 def test_the_cache_options_set_unless_the_environment_sets_them(tmp_path, environ,
