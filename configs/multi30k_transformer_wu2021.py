@@ -15,7 +15,7 @@ hold the ~6,100 real target tokens that 8,192 padded ones held unpacked. The
 paper reports 41.02 test_2016_flickr BLEU (lowercased, Moses-tokenized
 references). Unpacked, on one H100, the commands above scored 40.35 BLEU
 (40.73 lowercase) on test_2016_flickr; the packed recipe has not been run on a
-GPU yet. On the 2-core development CPU its steps take about 1.1 s (AVX2 host),
+GPU yet. On the 2-core development CPU its steps take about 1.1 s (AVX-512 host),
 so 8,000 of them take hours there.
 """
 
