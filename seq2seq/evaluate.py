@@ -87,13 +87,26 @@ def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
                             nbest=nbest, sample_key=key, temperature=temperature, top_k=top_k)
 
 
-def search_fn(graphdef, config, beam_size: int, alpha: float, **search):
-  """`translate_fn` for a run's model and config.eval's decoding lengths, ready to jit:
-  `(params, src) -> (ids, scores)`. `search`: translate_fn's nbest and sampling options."""
+def search_programs(graphdef, config, beam_size: int, alpha: float, *, name: str = "search",
+                    jit: dict | None = None, **search) -> compiling.Programs:
+  """`translate_fn` for a run's model and config.eval's decoding lengths, jitted (with `jit`'s
+  options) and compiled per source shape: `(params, src) -> (ids, scores)`. `search`:
+  translate_fn's nbest and sampling options."""
   e = config.eval
-  return functools.partial(translate_fn, graphdef=graphdef, max_len_a=e.max_decode_len_a,
-                           max_len_b=e.max_decode_len_b, max_len_limit=config.model.max_len,
-                           beam_size=beam_size, alpha=alpha, **search)
+  fn = functools.partial(translate_fn, graphdef=graphdef, max_len_a=e.max_decode_len_a,
+                         max_len_b=e.max_decode_len_b, max_len_limit=config.model.max_len,
+                         beam_size=beam_size, alpha=alpha, **search)
+  return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
+                            plural=name.replace("search", "searches"))
+
+
+def _check_vocabulary(workdir: Path) -> Path:
+  """The run's vocabulary file; `UserError` if it is missing."""
+  vocab = workdir / layout.VOCAB
+  if not vocab.is_file():
+    raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
+                    " they were trained with; put it back from a copy of the run.")
+  return vocab
 
 
 def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
@@ -165,31 +178,22 @@ class Translator:
       checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
     finally:
       checkpoints.close()
-    if not (workdir / layout.VOCAB).is_file():
-      raise UserError(f"{workdir / layout.VOCAB} is missing: the run's checkpoints only work"
-                      " with the vocabulary they were trained with; put it back from a copy of"
-                      " the run.")
-    self.tokenizer = Tokenizer.load(workdir / layout.VOCAB)
+    self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
     self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
     self.beam_size, self.alpha = beam_size, alpha
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.load_checkpoint(checkpoint, params)
-    self._search = compiling.Programs("search", jax.jit(search_fn(
-        self.graphdef, self.config, beam_size, alpha, nbest=nbest, sample_seed=sample_seed,
-        temperature=temperature, top_k=top_k)), lambda params, src: src.shape,
-        plural="searches")
+    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
+                                   sample_seed=sample_seed, temperature=temperature, top_k=top_k)
 
   def _init_ensemble(self, workdir: Path, checkpoint: str, members: list[tuple[Path, str]],
                      beam_size: int, alpha: float, nbest: int, batch_size: int,
                      sampling: dict) -> None:
     """`__init__` for several members: checks them all (runs, one vocabulary) before any
     checkpoint is read, then loads and stacks their parameters by architecture."""
-    vocab = workdir / layout.VOCAB
+    vocab = _check_vocabulary(workdir)
     fingerprint = tokenizer_fingerprint(vocab)
-    if fingerprint is None:
-      raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
-                      " they were trained with; put it back from a copy of the run.")
     configs = []
     for member, _ in members:
       if not (member / layout.CONFIG).is_file():
@@ -216,9 +220,8 @@ class Translator:
       groups.setdefault(architecture, (graphdef, []))[1].append(params)
     self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
     self.params = tuple(stack(params) for _, params in groups.values())
-    self._search = compiling.Programs("search", jax.jit(search_fn(
-        self.graphdef, self.config, beam_size, alpha, nbest=nbest, **sampling)),
-        lambda params, src: src.shape, plural="searches")
+    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
+                                   **sampling)
 
   def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
     """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""

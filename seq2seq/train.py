@@ -320,10 +320,10 @@ class Trainer:
         functools.partial(eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
         by_batch_shape, plural="validation losses")
-    self.translate_step = compiling.Programs("validation search", jax.jit(
-        evaluate.search_fn(self.graphdef, config, config.eval.beam_size, config.eval.alpha),
-        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.data_sharding),
-        lambda params, src: src.shape, plural="validation searches")
+    self.translate_step = evaluate.search_programs(
+        self.graphdef, config, config.eval.beam_size, config.eval.alpha,
+        name="validation search", jit=dict(in_shardings=(params_sharding, self.data_sharding),
+                                           out_shardings=self.data_sharding))
 
   def compile(self) -> None:
     """Lowers every program the run will call and compiles them in parallel (`compiling`):
