@@ -15,8 +15,8 @@ allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocato
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, plot_alignment
 from seq2seq.plots import image_path
+from seq2seq.translator import Translator, plot_alignment
 
 _RUN = define_run_flags()
 _TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)

@@ -21,7 +21,8 @@ import sys
 from absl import app, flags
 
 from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.evaluate import Translator, as_lines, check_output, read_lines, write_lines
+from seq2seq.textio import as_lines, check_output, read_lines, write_lines
+from seq2seq.translator import Translator
 
 _RUN = define_run_flags(ensemble=True)
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")

@@ -35,15 +35,9 @@ from seq2seq import config as config_lib
 from seq2seq import layout, plots
 from seq2seq.checkpoint import vocab_fingerprint
 from seq2seq.errors import UserError
-from seq2seq.evaluate import (
-  Translator,
-  alignment,
-  as_lines,
-  check_search,
-  evaluate_split,
-  output_files,
-  read_lines,
-)
+from seq2seq.metrics import evaluate_split, output_files
+from seq2seq.textio import as_lines, read_lines
+from seq2seq.translator import Translator, alignment, check_search
 
 log = logging.getLogger("seq2seq")
 

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
 def greedy_search(step_fn, cache, batch_size: int, max_len: int, *, sample_key=None,

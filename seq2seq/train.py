@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from seq2seq import compiling, errors, evaluate, layout, models
+from seq2seq import compiling, errors, layout, metrics, models, translator
 from seq2seq import config as config_lib
 from seq2seq.checkpoint import (
   Checkpoints,
@@ -320,7 +320,7 @@ class Trainer:
         functools.partial(eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
         by_batch_shape, plural="validation losses")
-    self.translate_step = evaluate.search_programs(
+    self.translate_step = translator.search_programs(
         self.graphdef, config, config.eval.beam_size, config.eval.alpha,
         name="validation search", jit=dict(in_shardings=(params_sharding, self.data_sharding),
                                            out_shardings=self.data_sharding))
@@ -367,10 +367,10 @@ class Trainer:
       ids, _ = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
       return np.asarray(multihost_utils.process_allgather(ids[:, 0], tiled=True))
 
-    hypotheses = evaluate.translate_batches(translate, self.val_batches, self.tokenizer.decode,
+    hypotheses = translator.translate_batches(translate, self.val_batches, self.tokenizer.decode,
                                             len(self.val_text))
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-            **evaluate.bleu(hypotheses, self.val_text.tgt),
+            **metrics.bleu(hypotheses, self.val_text.tgt),
             "example": hypotheses[0]}
 
 

@@ -14,8 +14,9 @@ import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
-from seq2seq import compare, evaluate, sweep
+from seq2seq import compare, evaluate, metrics, sweep
 from seq2seq.errors import UserError
+from seq2seq.translator import Translator
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import ENV
 
@@ -169,7 +170,7 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   (cached,) = (workdir / "eval" / "compare").glob("val.beam2.*.json")
   key = json.loads(cached.read_text())["key"]
   assert (key["checkpoint_steps"], key["beam_size"], key["alpha"]) == ([4], 2, 0.6)
-  hyp_file, json_file = evaluate.output_files(prefix)
+  hyp_file, json_file = metrics.output_files(prefix)
   assert cached.with_suffix(".hyp").read_text() == hyp_file.read_text()
 
   # Nothing changed: the cached result is shown (marked here so that it can be told apart).
@@ -198,7 +199,7 @@ def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
   workdir = small_run(run, tmp_path / "run")
   sources = [s for s, _ in VAL]
   translated = [nbest[0][0] for nbest in
-                evaluate.Translator(workdir, "best", beam_size=2).translate(sources)]
+                Translator(workdir, "best", beam_size=2).translate(sources)]
   a = pair(tmp_path / "a", sources, ["Völlig anders.", "Nichts davon.", "Kein Wort."])
   b = pair(tmp_path / "b", sources, translated)  # The run's own output: chrF 100.
   rows = {}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from seq2seq import compiling, evaluate, train
+from seq2seq import compiling, train
+from seq2seq.translator import Translator
 from tests.conftest import fast_tiny_config
 
 OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -170,7 +171,7 @@ def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fres
 
 
 def test_an_evaluation_compiles_at_most_two_searches(run, fresh_cache):
-  translator = evaluate.Translator(run, "latest", beam_size=2, batch_size=4)
+  translator = Translator(run, "latest", beam_size=2, batch_size=4)
   words = "a man in a blue shirt is riding a bike down the street".split()
   texts = [" ".join(words[:1 + i % len(words)]) for i in range(30)]
   with compiling.counting() as counts:

@@ -13,8 +13,8 @@ import sentencepiece as spm
 
 from seq2seq.config import base_config
 from seq2seq.data import batching, corpus, tokenizer
-from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
+from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tests.conftest import TFDS_EXTRA
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"

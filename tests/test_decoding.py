@@ -9,8 +9,8 @@ import pytest
 
 from seq2seq import decoding
 from seq2seq.config import base_config
-from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.models import build_model
+from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 A, B, C = 4, 5, 6  # token ids of a hand-built 7-token vocabulary
 

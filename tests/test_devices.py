@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from seq2seq.evaluate import output_files, run_evaluation
+from seq2seq.evaluate import run_evaluation
+from seq2seq.metrics import output_files
 from tests.conftest import ROOT
 
 # 256 tokens at padded length 16 are 16 rows: a multiple of 1 and of 4 devices,

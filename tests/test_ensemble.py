@@ -18,6 +18,7 @@ from seq2seq.data import tokenizer
 from seq2seq.ensemble import Ensemble, stack
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
+from seq2seq.translator import Translator, translate_fn
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import snapshot
 
@@ -40,8 +41,8 @@ def _nbest(translator, texts=TEXTS):
 
 @pytest.mark.parametrize("beam_size,nbest", [(1, 1), (3, 2)])
 def test_a_run_ensembled_with_itself_translates_like_the_run(run, beam_size, nbest):
-  alone = _nbest(evaluate.Translator(run, "latest", beam_size=beam_size, nbest=nbest))
-  twice = _nbest(evaluate.Translator(run, "latest", beam_size=beam_size, nbest=nbest,
+  alone = _nbest(Translator(run, "latest", beam_size=beam_size, nbest=nbest))
+  twice = _nbest(Translator(run, "latest", beam_size=beam_size, nbest=nbest,
                                      ensemble=[run]))
   assert [[text for text, _ in n] for n in twice] == [[text for text, _ in n] for n in alone]
   np.testing.assert_allclose([s for n in twice for _, s in n], [s for n in alone for _, s in n],
@@ -66,7 +67,7 @@ def test_the_translate_command_with_its_own_run_as_ensemble_writes_the_same_byte
 
 def _models(run, steps):
   """The run's model at each of `steps`: (graphdef, params) per step."""
-  translator = evaluate.Translator(run, str(steps[0]), beam_size=1)
+  translator = Translator(run, str(steps[0]), beam_size=1)
   out = []
   for step in steps:
     translator.load_checkpoint(str(step))
@@ -77,7 +78,7 @@ def _models(run, steps):
 def test_k_copies_of_one_model_give_its_scores(run):
   (graphdef, params), = _models(run, [4])
   src = jnp.asarray(np.array([[5, 9, 13, 3], [7, 3, 0, 0]], np.int32))
-  search = functools.partial(evaluate.translate_fn, src=src, max_len_a=1.0, max_len_b=4,
+  search = functools.partial(translate_fn, src=src, max_len_a=1.0, max_len_b=4,
                              max_len_limit=64, beam_size=3, alpha=0.6, nbest=2)
   ids, scores = search(params, graphdef=graphdef)
   ensemble_ids, ensemble_scores = search((stack([params] * 3),), graphdef=(graphdef,))
@@ -115,11 +116,11 @@ def test_one_step_is_the_mean_of_the_members_log_probabilities(run):
 
 
 def test_ensemble_n_takes_the_last_n_checkpoints_as_members(run):
-  translator = evaluate.Translator(run, "ensemble:2", beam_size=2)
+  translator = Translator(run, "ensemble:2", beam_size=2)
   assert [member["steps"] for member in translator.steps] == [[2], [4]]
   assert len(translator.translate(TEXTS)) == len(TEXTS)
   with pytest.raises(UserError) as e:
-    evaluate.Translator(run, "ensemble:3")
+    Translator(run, "ensemble:3")
   assert str(e.value) == (f"--checkpoint=ensemble:3: N of ensemble:N must be 1 to 2, the"
                           f" checkpoints {run}/checkpoints holds (steps 2, 4).")
 
@@ -128,9 +129,9 @@ def test_seeds_share_a_vocabulary_and_their_ensemble_is_neither(run, seed_1):
   vocab = "vocab/spm.model"
   assert tokenizer.fingerprint(seed_1 / vocab) == tokenizer.fingerprint(run / vocab)
   texts = TEXTS[:2]
-  both = _nbest(evaluate.Translator(run, "latest", beam_size=2, ensemble=[seed_1]), texts)
+  both = _nbest(Translator(run, "latest", beam_size=2, ensemble=[seed_1]), texts)
   for member in (run, seed_1):
-    alone = _nbest(evaluate.Translator(member, "latest", beam_size=2), texts)
+    alone = _nbest(Translator(member, "latest", beam_size=2), texts)
     assert [s for n in both for _, s in n] != pytest.approx([s for n in alone for _, s in n])
 
 

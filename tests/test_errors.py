@@ -19,10 +19,11 @@ from unittest import mock
 import pytest
 from absl import flags as absl_flags
 
-from seq2seq import cli, compare, evaluate, plots, sweep, train
+from seq2seq import cli, compare, evaluate, plots, sweep, textio, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
+from seq2seq.translator import Translator
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import ENV, snapshot
 from tests.test_cli import train as train_script
@@ -254,11 +255,11 @@ CASES = [
      " 500 (src_embed.embedding): the vocabulary is not this run's; put back the run's vocab/ or"
      " train in a new --workdir."),
     ("translate with another vocabulary",
-     lambda r, t, v: evaluate.Translator(with_vocab(r, t, v), "latest"),
+     lambda r, t, v: Translator(with_vocab(r, t, v), "latest"),
      "{tmp}/copy/vocab/spm.model has 400 subwords but the checkpoint at step 4 was trained with"
      " 500 (src_embed.embedding): the vocabulary is not this run's; put back the run's vocab/ or"
      " train in a new --workdir."),
-    ("vocabulary missing", lambda r, t, v: evaluate.Translator(without_vocab(r, t)),
+    ("vocabulary missing", lambda r, t, v: Translator(without_vocab(r, t)),
      "{tmp}/copy/vocab/spm.model is missing: the run's checkpoints only work with the vocabulary"
      " they were trained with; put it back from a copy of the run."),
     # Checkpoints.
@@ -284,16 +285,16 @@ CASES = [
     ("--src_file without --ref_file", lambda r, t, v: evaluate.run_evaluation(
         r, src_file=text_file(t, "test.en", b"a\n")),
      "Pass both --src_file and --ref_file, or neither (to use --split)."),
-    ("missing --input", lambda r, t, v: evaluate.read_lines(str(t / "in.en"), "--input"),
+    ("missing --input", lambda r, t, v: textio.read_lines(str(t / "in.en"), "--input"),
      "--input={tmp}/in.en does not exist; pass an existing text file."),
-    ("undecodable --input", lambda r, t, v: evaluate.read_lines(
+    ("undecodable --input", lambda r, t, v: textio.read_lines(
         text_file(t, "in.en", b"ok\n\xe4 latin-1\n"), "--input"),
      "{tmp}/in.en line 2 is not UTF-8 (invalid continuation byte); convert the file to UTF-8."),
     ("negative --plot_attention",
      lambda r, t, v: evaluate.run_evaluation(r, split="val", plot_attention=-1),
      "--plot_attention=-1 must not be negative; pass the number of sentences to draw (0: none)."),
     ("--nbest above --beam_size",
-     lambda r, t, v: evaluate.Translator(r, "latest", beam_size=2, nbest=3),
+     lambda r, t, v: Translator(r, "latest", beam_size=2, nbest=3),
      "--nbest=3 must be between 1 and --beam_size=2."),
     ("packing an RNN", lambda r, t, v: train_with(t / "new", data__pack=True,
                                                   model__family="rnn",
@@ -304,16 +305,16 @@ CASES = [
                                                             model__attention="linear"),
      "config.data.pack=True needs attention that can be masked per sentence; `linear` cannot:"
      " use another config.model.attention or pack=False."),
-    ("--beam_size=0", lambda r, t, v: evaluate.Translator(r, "latest", beam_size=0),
+    ("--beam_size=0", lambda r, t, v: Translator(r, "latest", beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),
     ("negative --alpha", lambda r, t, v: evaluate.run_evaluation(r, alpha=-1.0),
      "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),
-    ("--alpha=nan", lambda r, t, v: evaluate.Translator(r, "latest", alpha=float("nan")),
+    ("--alpha=nan", lambda r, t, v: Translator(r, "latest", alpha=float("nan")),
      "--alpha=nan must be a number, not negative (0: no length penalty; 0.6 is usual)."),
     ("--batch_size=0", lambda r, t, v: evaluate.run_evaluation(r, batch_size=0),
      "--batch_size=0 must be at least 1 (sentences per batch)."),
     ("sampling at --temperature=nan",
-     lambda r, t, v: evaluate.Translator(r, "latest", sample_seed=0, temperature=float("nan")),
+     lambda r, t, v: Translator(r, "latest", sample_seed=0, temperature=float("nan")),
      "Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0 (got 1, nan, 0)."),
     ("avg:0", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:0"),
      "--checkpoint=avg:0 averages no checkpoint; N of avg:N must be 1 to 2, the checkpoints"
@@ -334,7 +335,7 @@ CASES = [
         fast_tiny_config(), ["train.seed=0,1"], t / "new", parallel=0),
      "--parallel=0 must be at least 1 (runs trained at once)."),
     ("--output in a missing directory",
-     lambda r, t, v: evaluate.check_output(t / "nodir" / "out.de", "--output"),
+     lambda r, t, v: textio.check_output(t / "nodir" / "out.de", "--output"),
      "--output={tmp}/nodir/out.de: the directory {tmp}/nodir does not exist; create it or pass"
      " another path."),
     ("sweep of a field with a value of another type", lambda r, t, v: sweep.run_sweep(

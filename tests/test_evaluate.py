@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, train
+from seq2seq import evaluate, selection, textio, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
+from seq2seq.translator import Translator, alignment
 from tests.conftest import ROOT, damage_checkpoint
 
 
@@ -52,11 +53,11 @@ def test_translate_stopped_while_decoding_ends_at_once_and_keeps_the_old_output(
   out.write_text("an earlier translation\n", encoding="utf-8")
   code = (
       "import os, runpy, signal, sys, time\n"
-      "from seq2seq import evaluate\n"
+      "from seq2seq.translator import Translator\n"
       "def stopped(self, src_ids):\n"
       f"  os.kill(os.getpid(), signal.{sig})\n"
       "  time.sleep(600)\n"
-      "evaluate.Translator.translate_ids = stopped\n"
+      "Translator.translate_ids = stopped\n"
       f"sys.argv = ['translate.py', '--workdir={run}', '--input={src}', '--output={out}']\n"
       "runpy.run_path('scripts/translate.py', run_name='__main__')\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -77,10 +78,10 @@ def test_an_interrupted_write_keeps_the_old_file_and_no_temporary(tmp_path):
     raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    evaluate.write_lines(path, lines())
+    textio.write_lines(path, lines())
   assert path.read_text(encoding="utf-8") == "old\n"
   assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
-  evaluate.write_lines(path, ["a", "b\nc"])
+  textio.write_lines(path, ["a", "b\nc"])
   assert path.read_text(encoding="utf-8") == "a\nb c\n"
 
 
@@ -110,11 +111,11 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
 
 
 def test_checkpoint_average_is_the_mean(run):
-  translator = evaluate.Translator(run, "avg:2", beam_size=1)
+  translator = Translator(run, "avg:2", beam_size=1)
   assert translator.steps == [2, 4]
   c = translator.config
   checkpoints = Checkpoints(run, 2)
-  like = evaluate.Translator(run, "latest", beam_size=1)
+  like = Translator(run, "latest", beam_size=1)
   state_like = train.new_train_state(like.params, train.make_optimizer(c.train))
   two, four = (checkpoints.restore(s, state_like).params for s in (2, 4))
   for avg, a, b in zip(jax.tree.leaves(translator.params), jax.tree.leaves(two),
@@ -124,12 +125,12 @@ def test_checkpoint_average_is_the_mean(run):
 
 def test_unknown_checkpoint_lists_the_existing_ones(run):
   with pytest.raises(UserError, match=r"--checkpoint=7 names no checkpoint .*steps 2, 4\."):
-    evaluate.Translator(run, "7")
+    Translator(run, "7")
 
 
 def test_not_a_run_is_a_clear_error(tmp_path):
   with pytest.raises(UserError, match="is not a training run"):
-    evaluate.Translator(tmp_path, "best")
+    Translator(tmp_path, "best")
 
 
 def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
@@ -139,8 +140,8 @@ def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
   assert result.returncode == 0, result.stderr.decode()[-3000:]
   assert result.stdout.decode() == f"wrote {out}\n"
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  translator = evaluate.Translator(run, "best", beam_size=2)
-  weights, src, tgt = evaluate.alignment(translator, "A dog runs.")
+  translator = Translator(run, "best", beam_size=2)
+  weights, src, tgt = alignment(translator, "A dog runs.")
   c = translator.config.model
   assert weights.shape == (c.num_decoder_layers, c.num_heads, len(tgt), len(src))
   assert src[-1] == "</s>"
@@ -152,7 +153,7 @@ def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_pa
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)
   with pytest.raises(UserError, match="--checkpoint=selected needs .* does not exist"):
-    evaluate.Translator(workdir, "selected")
+    Translator(workdir, "selected")
   with pytest.raises(UserError, match="would choose one on test data"):
     evaluate.select_checkpoint(workdir, ["best", "avg:2"], split="test")
 
@@ -163,10 +164,10 @@ def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_pa
   assert chosen["bleu"] == pytest.approx(alone)
   best = max(alone.values())
   assert chosen["checkpoint"] == next(s for s in candidates if alone[s] == best)
-  assert json.loads((workdir / evaluate.SELECTION).read_text())["checkpoint"] == (
+  assert json.loads((workdir / selection.SELECTION).read_text())["checkpoint"] == (
       chosen["checkpoint"])
-  translator = evaluate.Translator(workdir, "selected", beam_size=1)
-  reference = evaluate.Translator(workdir, chosen["checkpoint"], beam_size=1)
+  translator = Translator(workdir, "selected", beam_size=1)
+  reference = Translator(workdir, chosen["checkpoint"], beam_size=1)
   assert translator.steps == reference.steps
   jax.tree.map(np.testing.assert_array_equal, translator.params, reference.params)
 
@@ -202,7 +203,7 @@ def test_a_replaced_or_missing_vocabulary_is_refused(run, tmp_path):
   vocab = workdir / "vocab" / "spm.model"
   _foreign_vocab(vocab)
   with pytest.raises(UserError) as e:
-    evaluate.Translator(workdir, "latest")
+    Translator(workdir, "latest")
   assert re.fullmatch(
       re.escape(f"{vocab} is not the vocabulary the checkpoint at step 4 was trained with") +
       r" \(sha256 [0-9a-f]{12}\.\.\., recorded [0-9a-f]{12}\.\.\.\); put back the run's vocab/ or"
@@ -236,9 +237,9 @@ def test_a_vocabulary_trained_again_from_the_same_text_is_the_runs(run, tmp_path
   sibling = tmp_path / "sibling" / "spm.model"
   assert sibling.read_bytes() != vocab.read_bytes()
   assert tokenizer.fingerprint(sibling) == tokenizer.fingerprint(vocab)
-  expected = evaluate.Translator(workdir, "latest", beam_size=1).translate(["A dog runs."])
+  expected = Translator(workdir, "latest", beam_size=1).translate(["A dog runs."])
   shutil.copy(sibling, vocab)
-  assert evaluate.Translator(workdir, "latest", beam_size=1).translate(["A dog runs."]) == expected
+  assert Translator(workdir, "latest", beam_size=1).translate(["A dog runs."]) == expected
 
 
 def test_checkpoints_recording_the_vocabularys_bytes_stay_valid(run, tmp_path, monkeypatch):
@@ -255,14 +256,14 @@ def test_checkpoints_recording_the_vocabularys_bytes_stay_valid(run, tmp_path, m
   c.train.num_steps, c.eval.every_steps = 2, 2
   train.train_and_evaluate(c, tmp_path / "old")
   monkeypatch.undo()
-  evaluate.Translator(tmp_path / "old", "latest").translate(["A dog runs."])
+  Translator(tmp_path / "old", "latest").translate(["A dog runs."])
   _foreign_vocab(tmp_path / "old" / "vocab" / "spm.model")
   with pytest.raises(UserError, match="is not the vocabulary the checkpoint at step 2"):
-    evaluate.Translator(tmp_path / "old", "latest")
+    Translator(tmp_path / "old", "latest")
 
 
 def test_cut_source_lines_are_counted_in_one_warning(run, caplog):
-  translator = evaluate.Translator(run, "latest", beam_size=1)
+  translator = Translator(run, "latest", beam_size=1)
   long_line = " ".join(["dog"] * (2 * translator.config.model.max_len))
   with caplog.at_level("WARNING", logger="seq2seq"):
     out = translator.translate(["A dog.", long_line, "", long_line])
@@ -281,7 +282,7 @@ def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path
   damage_checkpoint(workdir, 4, damage)
   capfd.readouterr()
   with pytest.raises(UserError) as raised:
-    evaluate.Translator(workdir, "latest", beam_size=1)
+    Translator(workdir, "latest", beam_size=1)
   message = str(raised.value)
   assert message.startswith(f"Checkpoint 4 in {workdir}/checkpoints cannot be restored (")
   assert message.endswith("); use --checkpoint= one of the steps that do: 2.")
@@ -291,7 +292,7 @@ def test_a_damaged_checkpoint_is_named_with_the_steps_that_restore(run, tmp_path
 
 
 def test_unknown_characters_are_counted_in_one_warning(run, caplog):
-  translator = evaluate.Translator(run, "latest", beam_size=1)
+  translator = Translator(run, "latest", beam_size=1)
   with caplog.at_level("WARNING", logger="seq2seq"):
     out = translator.translate(["A dog.", "A 猫 and a 🙂.", "", "🙂"])
   assert len(out) == 4
@@ -313,7 +314,7 @@ def test_translate_at_a_terminal_answers_each_line_as_it_comes(run):
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
   os.close(typed)
   try:
-    expected = evaluate.Translator(run, "best", beam_size=1).translate(["A dog runs."])[0][0][0]
+    expected = Translator(run, "best", beam_size=1).translate(["A dog runs."])[0][0][0]
     os.write(main, b"A dog runs.\n")
     ready, _, _ = select.select([process.stdout], [], [], 240)
     assert ready, "no translation before the end of input"

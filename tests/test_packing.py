@@ -8,9 +8,9 @@ from flax import nnx
 
 from seq2seq import train
 from seq2seq.data import batching
-from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.errors import UserError
 from seq2seq.models import attention, build_model, masks
+from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 40
 

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import async_path
 
-from seq2seq import checkpoint, evaluate, layout, train
+from seq2seq import checkpoint, layout, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
+from seq2seq.translator import Translator
 from tests.conftest import ROOT, fast_tiny_config
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -279,12 +280,12 @@ def test_a_checkpoint_removed_while_read_is_read_again_from_the_new_set(
   shutil.copytree(four_checkpoints, settled)
   for step in ("2", "8"):
     shutil.rmtree(settled / "checkpoints" / step)
-  expected = evaluate.Translator(settled, "avg:2", beam_size=1)
+  expected = Translator(settled, "avg:2", beam_size=1)
   if partially:
     (workdir / layout.LOCK).write_text("host h, pid 1\n")  # The training holds the run.
   rotating_while_read(monkeypatch, workdir, later, times=1, partially=partially)
   caplog.set_level(logging.INFO, logger="seq2seq")
-  translator = evaluate.Translator(workdir, "avg:2", beam_size=1)
+  translator = Translator(workdir, "avg:2", beam_size=1)
   assert translator.steps == expected.steps == [4, 6]
   assert jax.tree.all(jax.tree.map(np.array_equal, translator.params, expected.params))
   assert ("Checkpoint 2 was removed by the run's training while it was read; reading"
@@ -297,7 +298,7 @@ def test_a_checkpoint_removed_twice_is_one_line_that_says_training_removed_it(
   workdir, later = live_run(four_checkpoints, tmp_path)
   rotating_while_read(monkeypatch, workdir, later, times=2)
   with pytest.raises(UserError) as raised:
-    evaluate.Translator(workdir, "avg:2", beam_size=1)
+    Translator(workdir, "avg:2", beam_size=1)
   assert str(raised.value) == (
       f"Checkpoint 4 in {workdir}/checkpoints was removed by the run's training (it keeps only"
       " its latest checkpoints, config.checkpoint.keep) while this command read it; it is not"

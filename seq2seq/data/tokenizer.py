@@ -17,11 +17,7 @@ import sentencepiece as spm
 
 from seq2seq import layout
 from seq2seq.errors import UserError, raise_if_interrupted
-
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Reservoir-sample at most this many sentences for training: unigram training on
 # a full WMT corpus would take hours and tens of GiB, and gains nothing over a

@@ -1,0 +1,48 @@
+"""Text files of one sentence per line: read as UTF-8, written whole or not at all."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from seq2seq import layout
+from seq2seq.errors import UserError
+
+
+def as_lines(lines: Sequence[str]) -> str:
+  """The text of one line per entry: a newline inside an entry becomes a space."""
+  return "".join(line.replace("\n", " ") + "\n" for line in lines)
+
+
+def check_output(path: str | Path, flag: str) -> None:
+  """Raises `UserError` unless `path` can be written as a file: checked before the work."""
+  path = Path(path)
+  if path.is_dir():
+    raise UserError(f"{flag}={path} is a directory; pass a file name.")
+  if not path.parent.is_dir():
+    raise UserError(f"{flag}={path}: the directory {path.parent} does not exist; create it or"
+                    " pass another path.")
+
+
+def write_lines(path: str | Path, lines: Sequence[str]) -> None:
+  """Writes one line per entry, whole or not at all (`layout.write_atomically`)."""
+  layout.write_atomically(Path(path), as_lines(lines))
+
+
+def read_lines(path: str | Path, flag: str = "") -> list[str]:
+  """A text file's lines, without their newlines; undecodable UTF-8 is a UserError.
+
+  `flag` (e.g. "--src_file") names where the path came from in error messages.
+  """
+  path = Path(path)
+  if not path.exists() or path.is_dir():  # Not is_file(): /dev/stdin is a pipe.
+    given = f"{flag}={path}" if flag else str(path)
+    raise UserError(f"{given} {'is a directory' if path.exists() else 'does not exist'}; pass an"
+                    " existing text file.")
+  lines = []
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      try:
+        lines.append(raw.decode("utf-8").rstrip("\r\n"))
+      except UnicodeDecodeError as e:
+        raise UserError(f"{path} line {number} is not UTF-8 ({e.reason}); convert the file"
+                        " to UTF-8.") from None
+  return lines

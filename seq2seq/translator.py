@@ -1,0 +1,292 @@
+"""Translating with a run: `Translator` loads what a workdir holds (config, vocabulary, a
+checkpoint, an average of several, or an ensemble) and translates text with greedy search,
+beam search or sampling, compiled once per source shape."""
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from seq2seq import compiling, decoding, layout
+from seq2seq import config as config_lib
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.data import batching
+from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
+from seq2seq.ensemble import Ensemble, stack
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
+from seq2seq.selection import restore_params, selected_checkpoint
+from seq2seq.special_ids import BOS_ID, EOS_ID, UNK_ID
+
+log = logging.getLogger("seq2seq")
+
+
+def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Sequence[dict],
+                      decode_ids: Callable[[np.ndarray], str], num_sentences: int) -> list[str]:
+  """Decodes every batch and returns detokenized hypotheses in the split's order.
+
+  Args:
+    translate_fn: `batch -> [batch_size, max_len]` output ids (host numpy).
+    batches: from `batching.eval_batches`; each has an `index` row map.
+    decode_ids: ids -> detokenized text (stops at EOS).
+    num_sentences: size of the split.
+  """
+  hypotheses: list[str | None] = [None] * num_sentences
+  for batch in batches:
+    ids = translate_fn(batch)
+    for row, index in enumerate(batch["index"]):
+      if index >= 0:
+        hypotheses[index] = decode_ids(ids[row])
+  missing = [i for i, h in enumerate(hypotheses) if h is None]
+  assert not missing, f"sentences {missing[:5]} were not translated"
+  return hypotheses
+
+
+def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
+                 max_len_limit: int, beam_size: int, alpha: float, nbest: int = 1,
+                 sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
+  """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length.
+  With `sample_seed`, tokens are sampled (temperature, top-k) instead of searched."""
+  # An ensemble's graphdef is a tuple, one per architecture (`ensemble.Ensemble`).
+  model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
+           else nnx.merge(graphdef, params))
+  max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
+  key = None if sample_seed is None else jax.random.key(sample_seed)
+  return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
+                            nbest=nbest, sample_key=key, temperature=temperature, top_k=top_k)
+
+
+def search_programs(graphdef, config, beam_size: int, alpha: float, *, name: str = "search",
+                    jit: dict | None = None, **search) -> compiling.Programs:
+  """`translate_fn` for a run's model and config.eval's decoding lengths, jitted (with `jit`'s
+  options) and compiled per source shape: `(params, src) -> (ids, scores)`. `search`:
+  translate_fn's nbest and sampling options."""
+  e = config.eval
+  fn = functools.partial(translate_fn, graphdef=graphdef, max_len_a=e.max_decode_len_a,
+                         max_len_b=e.max_decode_len_b, max_len_limit=config.model.max_len,
+                         beam_size=beam_size, alpha=alpha, **search)
+  return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
+                            plural=name.replace("search", "searches"))
+
+
+def check_search(beam_size: int, alpha: float, batch_size: int = 1) -> None:
+  """Raises `UserError` for search settings out of range, named as the flags give them."""
+  if beam_size < 1:
+    raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
+  if not 0 <= alpha < math.inf:  # NaN fails this too.
+    raise UserError(f"--alpha={alpha} must be a number, not negative (0: no length penalty;"
+                    " 0.6 is usual).")
+  if batch_size < 1:
+    raise UserError(f"--batch_size={batch_size} must be at least 1 (sentences per batch).")
+
+
+def _check_vocabulary(workdir: Path) -> Path:
+  """The run's vocabulary file; `UserError` if it is missing."""
+  vocab = workdir / layout.VOCAB
+  if not vocab.is_file():
+    raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
+                    " they were trained with; put it back from a copy of the run.")
+  return vocab
+
+
+def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
+                      keep: int) -> list[tuple[Path, str]] | None:
+  """(workdir, checkpoint spec) of each member of an ensemble; None for one model.
+
+  `--checkpoint=ensemble:N` makes the last N checkpoints of `workdir` the members; otherwise
+  `workdir` and `others` are, each at the checkpoint `checkpoint` names for it.
+  """
+  if not checkpoint.startswith("ensemble:"):
+    return [(workdir, checkpoint), *((Path(w), checkpoint) for w in others)] if others else None
+  if others:
+    raise UserError(f"--checkpoint={checkpoint} ensembles checkpoints of --workdir alone; drop"
+                    " --ensemble, or pass --checkpoint=best (or another) with it.")
+  n = checkpoint[len("ensemble:"):]
+  checkpoints = Checkpoints(workdir, keep)
+  try:
+    steps = checkpoints.all_steps()
+    if not steps:
+      checkpoints.resolve("latest")  # Says that there is none.
+  finally:
+    checkpoints.close()
+  if not n.isdigit() or not 1 <= int(n) <= len(steps):
+    raise UserError(f"--checkpoint={checkpoint}: N of ensemble:N must be 1 to {len(steps)}, the"
+                    f" checkpoints {workdir / layout.CHECKPOINTS} holds (steps"
+                    f" {', '.join(map(str, steps))}).")
+  return [(workdir, str(step)) for step in steps[-int(n):]]
+
+
+class Translator:
+  """A run's model and vocabulary, ready to translate.
+
+  Args:
+    workdir: a training run's directory.
+    checkpoint: "best" (validation BLEU), "latest", a step, "avg:N", "selected", or
+      "ensemble:N" (the last N checkpoints as an ensemble).
+    beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
+    batch_size: sentences per compiled batch.
+    sample_seed, temperature, top_k: sample instead of searching when a seed is given.
+    ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.ensemble`), each
+      at the checkpoint `checkpoint` names for it; they must share its vocabulary.
+  """
+
+  def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
+               alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
+               sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
+               ensemble: Sequence[str | Path] = ()):
+    workdir = Path(workdir)
+    config_path = workdir / layout.CONFIG
+    if not config_path.exists():
+      raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
+                      " that scripts/train.py wrote.")
+    check_search(beam_size, alpha, batch_size)
+    if not 1 <= nbest <= beam_size:
+      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    if sample_seed is not None and (nbest > 1 or not 0 < temperature < math.inf or top_k < 0):
+      raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
+                      f" (got {nbest}, {temperature}, {top_k}).")
+    self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
+    if members is not None:
+      self._init_ensemble(workdir, checkpoint, members, beam_size, alpha, nbest, batch_size,
+                          dict(sample_seed=sample_seed, temperature=temperature, top_k=top_k))
+      return
+    if checkpoint == "selected":
+      checkpoint = selected_checkpoint(workdir)
+    checkpoints = Checkpoints(workdir, self.config.checkpoint.keep)
+    try:
+      checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
+    finally:
+      checkpoints.close()
+    self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
+    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
+    self.beam_size, self.alpha = beam_size, alpha
+    model = build_model(self.config, self.tokenizer.vocab_size)
+    self.graphdef, params = nnx.split(model, nnx.Param)
+    self.load_checkpoint(checkpoint, params)
+    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
+                                   sample_seed=sample_seed, temperature=temperature, top_k=top_k)
+
+  def _init_ensemble(self, workdir: Path, checkpoint: str, members: list[tuple[Path, str]],
+                     beam_size: int, alpha: float, nbest: int, batch_size: int,
+                     sampling: dict) -> None:
+    """`__init__` for several members: checks them all (runs, one vocabulary) before any
+    checkpoint is read, then loads and stacks their parameters by architecture."""
+    vocab = _check_vocabulary(workdir)
+    fingerprint = tokenizer_fingerprint(vocab)
+    configs = []
+    for member, _ in members:
+      if not (member / layout.CONFIG).is_file():
+        raise UserError(f"--ensemble: {member} is not a training run (no config.json); pass the"
+                        " --workdir of runs that scripts/train.py wrote.")
+      if tokenizer_fingerprint(member / layout.VOCAB) != fingerprint:
+        raise UserError(f"--ensemble: {member / layout.VOCAB} is not the vocabulary of {workdir}"
+                        " (an ensemble averages the members' probabilities of the same tokens);"
+                        " ensemble runs of one vocabulary, such as runs that differ only in"
+                        " config.train.seed.")
+      configs.append(config_lib.from_json((member / layout.CONFIG).read_text(encoding="utf-8")))
+    self.tokenizer = Tokenizer.load(vocab)
+    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
+    self.beam_size, self.alpha, self.checkpoint = beam_size, alpha, checkpoint
+    groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).
+    self.steps = []
+    for (member, spec), config in zip(members, configs, strict=True):
+      if spec == "selected":
+        spec = selected_checkpoint(member)
+      graphdef, like = nnx.split(build_model(config, self.tokenizer.vocab_size), nnx.Param)
+      steps, params = restore_params(member, spec, config, like)
+      self.steps.append({"workdir": str(member), "checkpoint": spec, "steps": steps})
+      architecture = json.dumps(config.model.to_dict(), sort_keys=True)
+      groups.setdefault(architecture, (graphdef, []))[1].append(params)
+    self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
+    self.params = tuple(stack(params) for _, params in groups.values())
+    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
+                                   **sampling)
+
+  def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
+    """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
+    self.steps, self.params = restore_params(self.workdir, checkpoint, self.config,
+                                              self.params if params_like is None else params_like)
+    self.checkpoint = checkpoint
+
+  def translate_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
+    """Per sentence (ids without EOS), its n-best (output ids, score)."""
+    results: list = [None] * len(src_ids)
+    empty = [np.zeros(0, np.int32)] * len(src_ids)
+    batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
+                                    bucket_step=self.config.data.bucket_step,
+                                    max_len=self.config.model.max_len)
+    for batch in batches:  # Every shape compiles at once, in parallel.
+      self._search.add(self.params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
+    for batch in batches:
+      ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"])))
+      for row, index in enumerate(batch["index"]):
+        if index >= 0:
+          results[index] = [(ids[row, n], float(best[row, n])) for n in range(self.nbest)]
+    return results
+
+  def translate(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    """Per input text, its n-best detokenized translations with scores.
+
+    An empty (or whitespace-only) input is not fed to the model: its
+    translation is the empty string.
+    """
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    src_ids = [np.asarray(self.tokenizer.encode(texts[i]), np.int32) for i in todo]
+    longest = self.config.model.max_len - 1  # With EOS, a source fills model.max_len.
+    cut = sum(len(ids) > longest for ids in src_ids)
+    if cut:
+      log.warning("%d of %d source lines are longer than %d subwords (config.model.max_len=%d"
+                  " with EOS) and were cut to fit; their translations cover only the start.",
+                  cut, len(texts), longest, self.config.model.max_len)
+    unknown = [i for i, ids in zip(todo, src_ids, strict=True) if UNK_ID in ids]
+    if unknown:
+      text = texts[unknown[0]]
+      example = next((c for c in text if UNK_ID in self.tokenizer.encode(c)), text)
+      log.warning("%d of %d source lines hold characters the vocabulary does not know (such as"
+                  " %r in line %d); the model reads them as unknown words, and its output"
+                  " shows them as ⁇.", len(unknown), len(texts), example, unknown[0] + 1)
+    translated = self.translate_ids(src_ids)
+    results = [[("", 0.0)] * self.nbest for _ in texts]
+    for i, nbest in zip(todo, translated, strict=True):
+      results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]
+    return results
+
+
+def alignment(translator: Translator, text: str):
+  """Translates `text` and returns the attention of each output subword.
+
+  Returns:
+    (weights `[layers, heads, tgt_len, src_len]`, source subwords, target subwords),
+    where the source ends with `</s>` and the target is the best translation + `</s>`.
+  """
+  src = np.asarray(translator.tokenizer.encode(text), np.int32)
+  if not len(src):
+    raise UserError("--text is empty; pass a sentence to translate.")
+  out = translator.translate_ids([src])[0][0][0]
+  out = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
+  src_ids = np.concatenate([src, [EOS_ID]])[None]
+  tgt_in = np.concatenate([[BOS_ID], out[:-1]])[None].astype(np.int32)
+  model = nnx.merge(translator.graphdef, translator.params)
+  weights = model.attention_weights(model.encode(jnp.asarray(src_ids)), jnp.asarray(tgt_in))
+  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids[0]),
+          translator.tokenizer.pieces(out))
+
+
+def plot_alignment(translator: Translator, text: str, path: str | Path) -> Path:
+  """Writes the PNG heatmaps of `alignment(translator, text)`: the RNN's alignment, or
+  the Transformer's cross-attention per layer and head, subwords on the axes."""
+  from seq2seq.plots import attention_heatmaps  # matplotlib only where pictures are drawn.
+
+  weights, src, tgt = alignment(translator, text)
+  c = translator.config.model
+  return attention_heatmaps(weights, src, tgt, path, title=f"{c.family}, {c.attention} attention")
