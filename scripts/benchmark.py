@@ -13,9 +13,9 @@ run per step), measured in the same process. --profile: where the time of each
 goes (seq2seq/profile.py), one more JSON line per mode and beam.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import json

@@ -21,9 +21,9 @@ the numbers are those scripts/evaluate.py --checkpoint=best would give with the
 same settings. Its own outputs (<run>/eval/<name>.best.beam<k>.*) are not read.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from pathlib import Path

@@ -15,9 +15,9 @@ Several comma-separated checkpoints (validation split only) are each scored, and
 the best is recorded in <workdir>/eval/selected.json for --checkpoint=selected.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import json

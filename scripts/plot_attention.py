@@ -7,9 +7,9 @@ The RNN's alignment, or the Transformer's cross-attention per layer and head,
 with subword labels on the axes.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from absl import app, flags

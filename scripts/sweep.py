@@ -8,9 +8,9 @@ Finished runs are skipped, unfinished ones resume, and failures are listed at
 the end without stopping the others (exit status 1 if any failed).
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import sys

@@ -6,9 +6,9 @@
 Kept short on purpose: the logic lives in `seq2seq.train`, importable and tested.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 from absl import app, flags

@@ -11,9 +11,9 @@ Moses n-best format, `index ||| translation ||| score`, N lines per input line.
 model, and --checkpoint=ensemble:N with the run's last N checkpoints.
 """
 
-from seq2seq import allocator, errors
+from seq2seq import allocator, signals
 
-errors.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
+signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
 allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
 
 import sys

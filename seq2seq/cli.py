@@ -2,16 +2,16 @@
 
 import logging
 import os
-import signal
 import sys
 
 from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from seq2seq import compiling, errors
+from seq2seq import compiling, signals
 from seq2seq import config as config_lib
-from seq2seq.errors import Interrupted, UserError
+from seq2seq.errors import UserError
+from seq2seq.signals import Interrupted
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
 
@@ -52,7 +52,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
   unknown field or a value of the wrong type names the flag and the fix instead
   of ending in config_flags' traceback.
   """
-  _catch_interrupts()  # From here on, before the slow parts (config files, start-up).
+  signals.catch_interrupts()  # From here on, before the slow parts (config files, start-up).
   try:
     for i, arg in enumerate(argv[1:], start=1):
       if arg == "--":
@@ -81,7 +81,7 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
   logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
-  _catch_interrupts()
+  signals.catch_interrupts()
   try:
     compiling.enable_cache()
     fn()
@@ -100,18 +100,8 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
     os._exit(130)
 
 
-def _catch_interrupts() -> None:
-  """Start-up (tokenizer training, compilation) and decoding end at once on SIGINT/SIGTERM
-  (`Interrupted`); the training loop installs its own handlers, which checkpoint first."""
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, _interrupt)
 
 
-def _interrupt(signum, frame):
-  del frame
-  errors.RECEIVED.append(signal.Signals(signum).name)
-  if not errors.interrupts_deferred():
-    raise Interrupted(errors.RECEIVED[-1])
 
 
 def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:

@@ -15,8 +15,6 @@ import json
 import logging
 import math
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from seq2seq import compiling, errors, layout, metrics, models, translator
+from seq2seq import compiling, layout, metrics, models, signals, translator
 from seq2seq import config as config_lib
 from seq2seq.checkpoint import (
   Checkpoints,
@@ -375,46 +373,8 @@ class Trainer:
 
 
 MAX_STEPS_AHEAD = 2  # Train steps dispatched but not finished, at most.
-STOP_AGREEMENT_EVERY = 10  # Multi-process runs agree on stopping at least this often (steps).
 
 
-class StopSignals:
-  """From creation until `restore()`, SIGTERM/SIGINT are recorded instead of killing
-  the process, so the training loop can checkpoint the current step and exit cleanly."""
-
-  def __init__(self):
-    errors.raise_if_interrupted()  # A start-up signal that a library callback swallowed.
-    # ... or one deferred during a multi-process start-up: the first agreement stops all.
-    self.received: str | None = errors.RECEIVED[0] if errors.RECEIVED else None
-    self._previous = {}
-    if threading.current_thread() is threading.main_thread():  # Python's rule for handlers.
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    self.received = signal.Signals(signum).name
-
-  def agreed(self, done: int, boundary: bool) -> str | None:
-    """The signal to stop after step `done`, the same on every process.
-
-    One process reads its own record. Several combine theirs (one small all-gather) every
-    STOP_AGREEMENT_EVERY steps and at every log, evaluation or save step, so that a signal
-    reaching only some of them (or at different steps) stops all at the same step instead
-    of sending some into a checkpoint save and the others into the next train step.
-    """
-    if jax.process_count() == 1:
-      return self.received
-    if not boundary and done % STOP_AGREEMENT_EVERY:
-      return None
-    flags = multihost_utils.process_allgather(np.int32(self.received is not None))
-    if not np.any(flags):
-      return None
-    return self.received or "a signal on another process"
-
-  def restore(self) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
 
 
 def _diverged(what: str, step: int, last_checkpoint: int | None) -> UserError:
@@ -466,7 +426,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                     f" `{config.model.attention}` cannot: use another config.model.attention or"
                     " pack=False.")
   initialize_distributed(config.distributed)  # Before anything touches a device.
-  with errors.defer_interrupts(jax.process_count() > 1):  # Processes start and stop together.
+  with signals.defer_interrupts(jax.process_count() > 1):  # Processes start and stop together.
     return _train_in(config, Path(workdir))
 
 
@@ -596,10 +556,10 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
   pending, checked, last_eval = [], 0, {}  # pending[:checked]: on the host, known finite.
   unshown = collections.deque()  # Dispatched steps not yet counted by the progress bar.
   interval_start, train_start = time.perf_counter(), time.perf_counter()
-  stop = StopSignals()
+  stop = signals.StopSignals()
   try:
     if early := stop.agreed(start, boundary=True):  # A signal during start-up, on any process.
-      raise errors.Interrupted(early)
+      raise signals.Interrupted(early)
     for step in range(start, num_steps):
       batch = trainer.to_device(trainer.train_batches(step))
       state, metrics = trainer.train_step(state, batch, trainer.dropout_key)

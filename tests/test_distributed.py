@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from seq2seq import cli, errors, layout, train
+from seq2seq import cli, layout, signals, train
 from seq2seq.config import base_config
 from tests.conftest import fast_tiny_config
 from tests.test_devices import device_env, train_command, train_losses, train_on
@@ -121,18 +121,18 @@ def test_a_signal_to_one_process_during_start_up_stops_both_before_the_first_ste
 def test_a_deferred_start_up_signal_ends_the_run_before_its_first_step(tmp_path, monkeypatch):
   """What each process of a multi-process run does with a start-up signal: it is recorded,
   start-up goes on, and the loop's first agreement ends the run before any step."""
-  monkeypatch.setattr(errors, "RECEIVED", [])
+  monkeypatch.setattr(signals, "RECEIVED", [])
   handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
   cli.parse_flags(["train.py"], flags.FlagValues())  # The scripts' start-up handlers.
   try:
-    with errors.defer_interrupts():
+    with signals.defer_interrupts():
       signal.raise_signal(signal.SIGTERM)
-      assert errors.RECEIVED == ["SIGTERM"]  # Recorded, not raised.
-      with pytest.raises(errors.Interrupted, match="SIGTERM"):
+      assert signals.RECEIVED == ["SIGTERM"]  # Recorded, not raised.
+      with pytest.raises(signals.Interrupted, match="SIGTERM"):
         train.train_and_evaluate(fast_tiny_config(), tmp_path / "run")
   finally:
     for sig, handler in handlers.items():
       signal.signal(sig, handler)
   assert not (tmp_path / "run").exists()
-  with pytest.raises(errors.Interrupted, match="SIGTERM"):
-    errors.raise_if_interrupted()  # Outside, the record ends a command as before.
+  with pytest.raises(signals.Interrupted, match="SIGTERM"):
+    signals.raise_if_interrupted()  # Outside, the record ends a command as before.

@@ -94,7 +94,7 @@ def test_no_family_or_variant_is_named_outside_models():
 def test_every_script_sets_up_signals_and_memory_before_anything_else():
   """The first statements after the docstring and `from seq2seq import ...`: signals (so that
   Ctrl-C during the slow imports ends the command) and malloc (before XLA's threads start)."""
-  first = ["from seq2seq import allocator, errors", "errors.exit_on_signals()",
+  first = ["from seq2seq import allocator, signals", "signals.exit_on_signals()",
            "allocator.keep_freed_memory()"]
   for script in sorted((ROOT / "scripts").glob("*.py")):
     body = ast.parse(script.read_text(encoding="utf-8")).body[1:4]

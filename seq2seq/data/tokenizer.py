@@ -16,7 +16,8 @@ import numpy as np
 import sentencepiece as spm
 
 from seq2seq import layout
-from seq2seq.errors import UserError, raise_if_interrupted
+from seq2seq.errors import UserError
+from seq2seq.signals import raise_if_interrupted
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Reservoir-sample at most this many sentences for training: unigram training on
