@@ -1,67 +1,12 @@
-"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
+"""`seq2seq-evaluate` run from a checkout: scores a run's checkpoint.
 
-  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test \
-      [--checkpoint=best|latest|STEP|avg:N|selected] [--beam_size=4 --alpha=0.6]
-      [--plot_attention=K]
-  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val --checkpoint=best,avg:5
-  python scripts/evaluate.py --workdir=DIR --src_file=test.en --ref_file=test.de
-  python scripts/evaluate.py --workdir=runs/a --ensemble=runs/b,runs/c --checkpoint=selected
-  python scripts/evaluate.py --workdir=runs/a --checkpoint=ensemble:5
+  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test [--checkpoint=best]
 
-Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
-per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
-with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
-Several comma-separated checkpoints (validation split only) are each scored, and
-the best is recorded in <workdir>/eval/selected.json for --checkpoint=selected.
+The same flags, messages and exit statuses as `seq2seq-evaluate`; its usage and flags:
+seq2seq/commands/evaluate.py, or --help.
 """
 
-from seq2seq import allocator, signals
-
-signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
-allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
-
-import json
-
-from absl import app, flags
-
-from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.errors import UserError
-from seq2seq.evaluate import run_evaluation, select_checkpoint
-
-_RUN = define_run_flags(ensemble=True)
-_SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
-_SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
-_REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
-_PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")
-
-
-def main(argv):
-  del argv
-
-  def evaluate():
-    candidates = _RUN["checkpoint"].value.split(",")
-    if len(candidates) > 1 and _RUN["ensemble"].value:
-      raise UserError("--ensemble scores one choice; choose each run's checkpoint on validation"
-                      " alone first, then ensemble with --checkpoint=selected.")
-    if len(candidates) > 1:
-      result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
-                                 beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
-                                 batch_size=_BATCH.value)
-      print(json.dumps(result, indent=2))
-      print(f"chose --checkpoint={result['checkpoint']} on {_SPLIT.value}; score it on test with"
-            " --checkpoint=selected")
-      return
-    result, prefix = run_evaluation(
-        _RUN["workdir"].value, split=_SPLIT.value, checkpoint=_RUN["checkpoint"].value,
-        beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,
-        src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
-        ensemble=_RUN["ensemble"].value)
-    print(json.dumps(result, indent=2))
-    print(f"wrote {prefix}.hyp and {prefix}.json")
-
-  run_main(evaluate)
-
+from seq2seq import main
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  main.evaluate()

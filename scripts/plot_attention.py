@@ -1,41 +1,13 @@
-"""Draws the attention of a run's model translating one sentence.
+r"""`seq2seq-plot-attention` run from a checkout: draws a run's attention.
 
   python scripts/plot_attention.py --workdir=runs/m30k_transformer \
-      --text="A little girl climbs into a wooden playhouse." [--out=attention.png]
+      --text="A little girl climbs into a wooden playhouse."
 
-The RNN's alignment, or the Transformer's cross-attention per layer and head,
-with subword labels on the axes.
+The same flags, messages and exit statuses as `seq2seq-plot-attention`; its usage and flags:
+seq2seq/commands/plot_attention.py, or --help.
 """
 
-from seq2seq import allocator, signals
-
-signals.exit_on_signals()  # Before the slow imports: Ctrl-C during them ends the command.
-allocator.keep_freed_memory()  # Before XLA starts its threads (seq2seq/allocator.py).
-
-from absl import app, flags
-
-from seq2seq.cli import define_run_flags, parse_flags, run_main
-from seq2seq.plots import image_path
-from seq2seq.translator import Translator, plot_alignment
-
-_RUN = define_run_flags()
-_TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)
-_OUT = flags.DEFINE_string("out", "", "Picture to write, PNG unless the suffix names another"
-                           " format (default: <workdir>/attention.png).")
-
-
-def main(argv):
-  del argv
-
-  def plot():
-    workdir = _RUN["workdir"].value
-    out = image_path(_OUT.value or f"{workdir}/attention.png", "--out")  # Before any work.
-    translator = Translator(workdir, _RUN["checkpoint"].value,
-                            beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value)
-    print(f"wrote {plot_alignment(translator, _TEXT.value, out)}")
-
-  run_main(plot)
-
+from seq2seq import main
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  main.plot_attention()

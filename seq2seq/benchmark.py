@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from seq2seq import decoding, profile, train
+from seq2seq import decoding, profile, train_state
 from seq2seq.config import base_config
 from seq2seq.models import build_model
+from seq2seq.steps import train_step
 
 # Dense peak FLOP/s of known accelerators (vendor data sheets, without sparsity). Under JAX's
 # default matmul precision, float32 matmuls on Ampere and Hopper run on the TF32 tensor cores,
@@ -88,10 +89,10 @@ def _train_setup(layers, dim, heads, mlp, vocab, batch, length, dtype):
   c = transformer_config(layers, dim, heads, mlp)
   c.train.dtype = dtype
   graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
-  optimizer = train.make_optimizer(c.train)
-  step = functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
+  optimizer = train_state.make_optimizer(c.train)
+  step = functools.partial(train_step, graphdef=graphdef, optimizer=optimizer,
                            label_smoothing=0.1)
-  state = train.new_train_state(params, optimizer)
+  state = train_state.new_train_state(params, optimizer)
   return c, step, state, _random_batch(batch, length, vocab), jax.random.key(0)
 
 

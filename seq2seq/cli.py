@@ -1,4 +1,5 @@
-"""What every command-line script shares: user errors as one line, not a traceback."""
+"""What every command shares (seq2seq/commands/): flag helpers, and user errors as one line,
+not a traceback."""
 
 import logging
 import os
@@ -100,10 +101,6 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
     os._exit(130)
 
 
-
-
-
-
 def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
   """The flags of every command that decodes with a run: workdir, checkpoint, search; and,
   where ensembles decode (`ensemble`), --ensemble."""
@@ -116,7 +113,7 @@ def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
                                      required=True),
       "checkpoint": flags.DEFINE_string(
           "checkpoint", "best", "best, latest, a step, avg:N, selected (chosen on validation by"
-          " scripts/evaluate.py --checkpoint=best,avg:N --split=val), or ensemble:N (the last N"
+          " seq2seq-evaluate --checkpoint=best,avg:N --split=val), or ensemble:N (the last N"
           " checkpoints as an ensemble)."),
       "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
       "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),

@@ -2,7 +2,10 @@
 
 Experiment files in `configs/` start from `base_config()` and change what they
 need. `validate(config)` runs before anything is built or compiled, so a bad
-value stops the run with one line that names the field and the fix.
+value stops the run with one line that names the field and the fix. It checks
+what every config needs without importing the models; what a config asks of its
+model family (the family, its attention, packing) `seq2seq.models.check_config`
+checks against what the families declare.
 """
 
 import difflib
@@ -13,12 +16,9 @@ from pathlib import Path
 
 import ml_collections
 
-from seq2seq import models, train_state
+from seq2seq import train_state
 from seq2seq.errors import UserError
 
-# Valid `config.model.attention` names per family: what each model declares it takes.
-FAMILIES = tuple(models.ATTENTION_BY_FAMILY)
-ATTENTION_BY_FAMILY = models.ATTENTION_BY_FAMILY
 RNN_CELLS = ("lstm", "gru")
 RNN_QUERY_STATES = ("auto", "previous", "current")
 
@@ -28,8 +28,8 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.model = m = ml_collections.ConfigDict()
-  m.family = "transformer"  # Model family: one of FAMILIES.
-  m.attention = "scaled_dot"  # Attention variant (see ATTENTION_BY_FAMILY and the README).
+  m.family = "transformer"  # Model family: one of seq2seq.models.FAMILY_NAMES.
+  m.attention = "scaled_dot"  # Attention variant (models.ATTENTION_BY_FAMILY; the README).
   m.attention_window = 8  # `local` attention: each query sees keys this many positions away.
   m.emb_dim = 256  # Model width d: embeddings and residual stream.
   m.num_heads = 4  # Attention heads; must divide emb_dim.
@@ -53,7 +53,17 @@ def base_config() -> ml_collections.ConfigDict:
   m.rnn_query_state = "auto"
   m.reverse_source = False  # Read the source backwards (Sutskever et al., 2014).
 
-  c.data = d = ml_collections.ConfigDict()
+  c.data = _data_defaults()
+  c.train = _train_defaults()
+  c.eval = _eval_defaults()
+  c.checkpoint = _checkpoint_defaults()
+  c.distributed = _distributed_defaults()
+  return c
+
+
+def _data_defaults() -> ml_collections.ConfigDict:
+  """The corpus, its vocabulary and how training batches are formed."""
+  d = ml_collections.ConfigDict()
   d.corpus = "multi30k"  # "multi30k", a directory of {split}.{lang}[.gz], or "tfds:<name>".
   d.src_lang = "en"  # Source language code.
   d.tgt_lang = "de"  # Target language code.
@@ -69,8 +79,12 @@ def base_config() -> ml_collections.ConfigDict:
   d.num_buckets = 2
   d.max_train_examples = 0  # Use only the first N training pairs (0 = all).
   d.pack = False  # Pack several training pairs per row (Transformer only; one shape, less PAD).
+  return d
 
-  c.train = t = ml_collections.ConfigDict()
+
+def _train_defaults() -> ml_collections.ConfigDict:
+  """The optimizer, its schedule and the training loop."""
+  t = ml_collections.ConfigDict()
   t.num_steps = 10_000  # Optimizer steps in the whole run.
   t.seed = 0  # Seeds parameters, batch order and dropout.
   t.learning_rate = 1e-3  # Peak learning rate, reached at the end of warmup.
@@ -88,8 +102,12 @@ def base_config() -> ml_collections.ConfigDict:
   t.fsdp = 1  # Shard parameters and optimizer state over this many devices (1 = replicate).
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
   t.patience = 0  # Stop after N evaluations without a better validation BLEU (0 = never).
+  return t
 
-  c.eval = e = ml_collections.ConfigDict()
+
+def _eval_defaults() -> ml_collections.ConfigDict:
+  """Validation: how often, on what, and with which search."""
+  e = ml_collections.ConfigDict()
   e.every_steps = 1000  # Validation loss + BLEU (and a checkpoint) every N steps.
   e.split = "val"  # Split used for validation loss and BLEU.
   e.batch_size = 128  # Sentences per decoding / validation batch.
@@ -98,16 +116,24 @@ def base_config() -> ml_collections.ConfigDict:
   e.alpha = 0.6  # GNMT length-penalty exponent of beam search.
   e.max_decode_len_a = 1.5  # Decode at most a * source_length + b tokens ...
   e.max_decode_len_b = 10  # ... (b tokens slack).
+  return e
 
-  c.checkpoint = k = ml_collections.ConfigDict()
+
+def _checkpoint_defaults() -> ml_collections.ConfigDict:
+  """Which checkpoints are written and kept."""
+  k = ml_collections.ConfigDict()
   k.keep = 3  # Keep the latest N checkpoints (the best by validation BLEU is kept too).
   k.every_steps = 0  # Also checkpoint every N steps between evaluations (0 = only at them).
+  return k
 
-  c.distributed = g = ml_collections.ConfigDict()  # Multi-host: jax.distributed.initialize.
+
+def _distributed_defaults() -> ml_collections.ConfigDict:
+  """Multi-host: the arguments of jax.distributed.initialize."""
+  g = ml_collections.ConfigDict()
   g.num_processes = 1  # Processes in the run; 1 = single process; 0 = all from the environment.
   g.coordinator_address = ""  # "host:port" of process 0 ("" = JAX_COORDINATOR_ADDRESS/cluster).
   g.process_id = -1  # This process's index (-1 = from the environment).
-  return c
+  return g
 
 
 def _suggest(name: str, options) -> str:
@@ -291,7 +317,8 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises `UserError` naming the first bad field and how to fix it."""
+  """Raises `UserError` naming the first bad field and how to fix it: sections, fields,
+  types, ranges and choices. What the model family can build is `models.check_config`'s."""
   check_structure(config)
   base = base_config()
   for section in config.keys():
@@ -304,15 +331,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"{_suggest(key, base[section].keys())}")
   _check_types(config, base)
   m, d, t, e = config.model, config.data, config.train, config.eval
-  if m.family not in FAMILIES:
-    raise UserError(f"config.model.family={m.family!r} is not a model family;"
-                    f" use one of: {', '.join(FAMILIES)}.")
-  valid = ATTENTION_BY_FAMILY[m.family]
-  if m.attention not in valid:
-    paper = models.PAPER_NAMES.get(m.attention.lower())
-    hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
-    raise UserError(f"config.model.attention={m.attention!r} is not available for the"
-                    f" {m.family}; use one of: {', '.join(valid)}.{hint}")
   _check_ranges(config)
   for name in ("adam_b1", "adam_b2"):
     if not 0.0 <= t[name] < 1.0:
@@ -334,9 +352,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if m.rnn_query_state not in RNN_QUERY_STATES:
     raise UserError(f"config.model.rnn_query_state={m.rnn_query_state!r} is not a choice; use"
                     f" one of: {', '.join(RNN_QUERY_STATES)}.")
-  problem = models.config_problem(m)
-  if problem:
-    raise UserError(problem)
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= m[name] < 1.0:
       raise UserError(f"config.model.{name}={m[name]} must be in [0, 1).")

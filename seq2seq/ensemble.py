@@ -1,7 +1,7 @@
 """Several models decoding as one: at every step, the mean of their log-probabilities.
 
 `Ensemble` has the decoding side of the model interface (`encode`, `init_cache`,
-`decode_step`), so greedy, beam and n-best search run it unchanged. Members
+`decode_step`), so every search strategy (`decoding.generate`) runs it unchanged. Members
 that share an architecture form a group: their parameter sets are stacked
 along a leading axis, and the group's every call is one `jax.vmap` over it;
 groups of different architectures follow each other in the same program.
@@ -15,15 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq import decoding
+
 
 def stack(params: Sequence) -> object:
   """Parameter trees of one architecture -> one tree with a leading member axis."""
   return jax.tree.map(lambda *xs: jnp.stack(xs), *params)
-
-
-def _rows(tree, rows: jnp.ndarray):
-  """`rows` of every batch-major array of one member's cache (scalars stay)."""
-  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], tree)
 
 
 class Memory(NamedTuple):
@@ -31,8 +28,8 @@ class Memory(NamedTuple):
   groups: tuple
 
   def for_beams(self, beam_size: int) -> "Memory":
-    from seq2seq.decoding import expand_to_beams
-    return Memory(tuple(jax.vmap(lambda m: expand_to_beams(m, beam_size))(memory)
+    """Each member's memory expanded as `decoding.expand_to_beams` expands one model's."""
+    return Memory(tuple(jax.vmap(lambda m: decoding.expand_to_beams(m, beam_size))(memory)
                         for memory in self.groups))
 
 
@@ -41,8 +38,10 @@ class Cache(NamedTuple):
   groups: tuple
 
   def select(self, rows: jnp.ndarray) -> "Cache":
-    """The cache of hypotheses `rows` (beam search's reordering), member by member."""
-    return type(self)(tuple(jax.vmap(lambda c: _rows(c, rows))(cache) for cache in self.groups))
+    """The cache of hypotheses `rows` (beam search's reordering), member by member
+    (`decoding.select_rows` of each)."""
+    return type(self)(tuple(jax.vmap(lambda c: decoding.select_rows(c, rows))(cache)
+                            for cache in self.groups))
 
 
 class ResizableCache(Cache):

@@ -1,6 +1,7 @@
 """Evaluating a run: on a split of its corpus or on files (`run_evaluation`), and choosing
 among its checkpoints on validation data (`select_checkpoint`)."""
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from seq2seq.metrics import evaluate_split
 from seq2seq.selection import record_selection
 from seq2seq.textio import read_lines
 from seq2seq.translator import Translator, plot_alignment
+
+log = logging.getLogger("seq2seq")
 
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
@@ -81,8 +84,9 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}" if ensemble else "")
   prefix = workdir / layout.EVAL / f"{name}.{tag}.beam{beam_size}"
-  result = evaluate_split(translator, sources, references, prefix)
+  result = evaluate_split(translator, sources, references, prefix, checkpoint)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
   for i in drawn:
-    plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png")
+    path = plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png")
+    log.info("Drew the attention of %s line %d in %s", name, i + 1, path)
   return result, prefix

@@ -36,15 +36,21 @@ def output_files(prefix: Path) -> tuple[Path, Path]:
 
 
 def evaluate_split(translator, sources: Sequence[str], references: Sequence[str],
-                   out_prefix: Path) -> dict:
+                   out_prefix: Path, checkpoint: str | None = None) -> dict:
   """Translates with `translator` (a `translator.Translator`), scores, and writes
-  `<out_prefix>.hyp` and `<out_prefix>.json`."""
+  `<out_prefix>.hyp` and `<out_prefix>.json`.
+
+  `checkpoint` is the spec as the user gave it (default: the translator's); where it named
+  another (`selected`), the JSON records both, as `checkpoint` and `selected_checkpoint`.
+  """
   start = time.perf_counter()
   hypotheses = [nbest[0][0] for nbest in translator.translate(sources)]
   seconds = time.perf_counter() - start
   result = {
       **scores(hypotheses, references),
-      "sentences": len(sources), "checkpoint": translator.checkpoint,
+      "sentences": len(sources), "checkpoint": checkpoint or translator.checkpoint,
+      **({"selected_checkpoint": translator.checkpoint}
+         if checkpoint and checkpoint != translator.checkpoint else {}),
       "checkpoint_steps": translator.steps, "beam_size": translator.beam_size,
       "alpha": translator.alpha, "decode_seconds": seconds,
       "sentences_per_second": len(sources) / seconds,

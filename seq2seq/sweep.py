@@ -14,8 +14,8 @@ from pathlib import Path
 
 import ml_collections
 
-from seq2seq import compiling, layout
 from seq2seq import config as config_lib
+from seq2seq import layout, main, models
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 
@@ -89,6 +89,7 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
   runs = expand(config, specs)
   for _, run in runs:
     config_lib.validate(run)  # Every combination is checked before any trains.
+    models.check_config(run)
   status, todo = {}, []
   for name, run in runs:
     if is_complete(root / name, run):
@@ -121,7 +122,7 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
     context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
     # Each new process turns on the compilation cache, which they share (only reads race).
     with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
-                                                initializer=compiling.enable_cache) as pool:
+                                                initializer=main.start_worker) as pool:
       futures = {pool.submit(_train, config_lib.to_json(run), str(root / name)): name
                  for name, run in todo}
       for future in concurrent.futures.as_completed(futures):

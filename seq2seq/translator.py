@@ -29,19 +29,19 @@ from seq2seq.special_ids import BOS_ID, EOS_ID, UNK_ID
 log = logging.getLogger("seq2seq")
 
 
-def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Sequence[dict],
+def translate_batches(search: Callable[[dict], np.ndarray], batches: Sequence[dict],
                       decode_ids: Callable[[np.ndarray], str], num_sentences: int) -> list[str]:
   """Decodes every batch and returns detokenized hypotheses in the split's order.
 
   Args:
-    translate_fn: `batch -> [batch_size, max_len]` output ids (host numpy).
+    search: `batch -> [batch_size, max_len]` output ids (host numpy).
     batches: from `batching.eval_batches`; each has an `index` row map.
     decode_ids: ids -> detokenized text (stops at EOS).
     num_sentences: size of the split.
   """
   hypotheses: list[str | None] = [None] * num_sentences
   for batch in batches:
-    ids = translate_fn(batch)
+    ids = search(batch)
     for row, index in enumerate(batch["index"]):
       if index >= 0:
         hypotheses[index] = decode_ids(ids[row])
@@ -50,30 +50,37 @@ def translate_batches(translate_fn: Callable[[dict], np.ndarray], batches: Seque
   return hypotheses
 
 
-def translate_fn(params, src, *, graphdef, max_len_a: float, max_len_b: int,
-                 max_len_limit: int, beam_size: int, alpha: float, nbest: int = 1,
-                 sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0):
+def search_strategy(beam_size: int, alpha: float, nbest: int = 1, *,
+                    sample_seed: int | None = None, temperature: float = 1.0,
+                    top_k: int = 0) -> decoding.Strategy:
+  """The strategy the search flags (and config.eval's beam_size and alpha) name: sampling
+  when a seed is given, greedy for one beam and one hypothesis, beam search otherwise."""
+  if sample_seed is not None:
+    return decoding.Sampling(sample_seed, temperature, top_k)
+  if beam_size == 1 and nbest == 1:
+    return decoding.Greedy()
+  return decoding.Beam(beam_size, alpha, nbest)
+
+
+def search_fn(params, src, *, graphdef, strategy: decoding.Strategy, max_len_a: float,
+              max_len_b: int, max_len_limit: int):
   """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
-  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length.
-  With `sample_seed`, tokens are sampled (temperature, top-k) instead of searched."""
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length."""
   # An ensemble's graphdef is a tuple, one per architecture (`ensemble.Ensemble`).
   model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
            else nnx.merge(graphdef, params))
   max_len = decoding.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
-  key = None if sample_seed is None else jax.random.key(sample_seed)
-  return decoding.translate(model, src, max_len=max_len, beam_size=beam_size, alpha=alpha,
-                            nbest=nbest, sample_key=key, temperature=temperature, top_k=top_k)
+  return decoding.generate(model, src, strategy, max_len=max_len)
 
 
-def search_programs(graphdef, config, beam_size: int, alpha: float, *, name: str = "search",
-                    jit: dict | None = None, **search) -> compiling.Programs:
-  """`translate_fn` for a run's model and config.eval's decoding lengths, jitted (with `jit`'s
-  options) and compiled per source shape: `(params, src) -> (ids, scores)`. `search`:
-  translate_fn's nbest and sampling options."""
+def search_programs(graphdef, config, strategy: decoding.Strategy, *, name: str = "search",
+                    jit: dict | None = None) -> compiling.Programs:
+  """`search_fn` of `strategy` for a run's model and config.eval's decoding lengths, jitted
+  (with `jit`'s options) and compiled per source shape: `(params, src) -> (ids, scores)`."""
   e = config.eval
-  fn = functools.partial(translate_fn, graphdef=graphdef, max_len_a=e.max_decode_len_a,
-                         max_len_b=e.max_decode_len_b, max_len_limit=config.model.max_len,
-                         beam_size=beam_size, alpha=alpha, **search)
+  fn = functools.partial(search_fn, graphdef=graphdef, strategy=strategy,
+                         max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
+                         max_len_limit=config.model.max_len)
   return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
                             plural=name.replace("search", "searches"))
 
@@ -135,6 +142,7 @@ class Translator:
     beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
     batch_size: sentences per compiled batch.
     sample_seed, temperature, top_k: sample instead of searching when a seed is given.
+      `search_strategy` turns these search arguments into `self.strategy`.
     ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.ensemble`), each
       at the checkpoint `checkpoint` names for it; they must share its vocabulary.
   """
@@ -155,10 +163,13 @@ class Translator:
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
+                                    temperature=temperature, top_k=top_k)
+    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
+    self.beam_size, self.alpha = beam_size, alpha
     members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
     if members is not None:
-      self._init_ensemble(workdir, checkpoint, members, beam_size, alpha, nbest, batch_size,
-                          dict(sample_seed=sample_seed, temperature=temperature, top_k=top_k))
+      self._init_ensemble(checkpoint, members)
       return
     if checkpoint == "selected":
       checkpoint = selected_checkpoint(workdir)
@@ -168,19 +179,15 @@ class Translator:
     finally:
       checkpoints.close()
     self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
-    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
-    self.beam_size, self.alpha = beam_size, alpha
     model = build_model(self.config, self.tokenizer.vocab_size)
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.load_checkpoint(checkpoint, params)
-    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
-                                   sample_seed=sample_seed, temperature=temperature, top_k=top_k)
+    self._search = search_programs(self.graphdef, self.config, self.strategy)
 
-  def _init_ensemble(self, workdir: Path, checkpoint: str, members: list[tuple[Path, str]],
-                     beam_size: int, alpha: float, nbest: int, batch_size: int,
-                     sampling: dict) -> None:
+  def _init_ensemble(self, checkpoint: str, members: list[tuple[Path, str]]) -> None:
     """`__init__` for several members: checks them all (runs, one vocabulary) before any
     checkpoint is read, then loads and stacks their parameters by architecture."""
+    workdir = self.workdir
     vocab = _check_vocabulary(workdir)
     fingerprint = tokenizer_fingerprint(vocab)
     configs = []
@@ -195,8 +202,7 @@ class Translator:
                         " config.train.seed.")
       configs.append(config_lib.from_json((member / layout.CONFIG).read_text(encoding="utf-8")))
     self.tokenizer = Tokenizer.load(vocab)
-    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
-    self.beam_size, self.alpha, self.checkpoint = beam_size, alpha, checkpoint
+    self.checkpoint = checkpoint
     groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).
     self.steps = []
     for (member, spec), config in zip(members, configs, strict=True):
@@ -209,8 +215,7 @@ class Translator:
       groups.setdefault(architecture, (graphdef, []))[1].append(params)
     self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
     self.params = tuple(stack(params) for _, params in groups.values())
-    self._search = search_programs(self.graphdef, self.config, beam_size, alpha, nbest=nbest,
-                                   **sampling)
+    self._search = search_programs(self.graphdef, self.config, self.strategy)
 
   def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
     """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
@@ -218,8 +223,9 @@ class Translator:
                                               self.params if params_like is None else params_like)
     self.checkpoint = checkpoint
 
-  def translate_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
-    """Per sentence (ids without EOS), its n-best (output ids, score)."""
+  def search_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
+    """Searches every sentence (ids without EOS) in batches of `batch_size`, one compiled
+    program per batch shape: per sentence, its n-best (output ids, score)."""
     results: list = [None] * len(src_ids)
     empty = [np.zeros(0, np.int32)] * len(src_ids)
     batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
@@ -255,7 +261,7 @@ class Translator:
       log.warning("%d of %d source lines hold characters the vocabulary does not know (such as"
                   " %r in line %d); the model reads them as unknown words, and its output"
                   " shows them as ⁇.", len(unknown), len(texts), example, unknown[0] + 1)
-    translated = self.translate_ids(src_ids)
+    translated = self.search_ids(src_ids)
     results = [[("", 0.0)] * self.nbest for _ in texts]
     for i, nbest in zip(todo, translated, strict=True):
       results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]
@@ -272,7 +278,7 @@ def alignment(translator: Translator, text: str):
   src = np.asarray(translator.tokenizer.encode(text), np.int32)
   if not len(src):
     raise UserError("--text is empty; pass a sentence to translate.")
-  out = translator.translate_ids([src])[0][0][0]
+  out = translator.search_ids([src])[0][0][0]
   out = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
   src_ids = np.concatenate([src, [EOS_ID]])[None]
   tgt_in = np.concatenate([[BOS_ID], out[:-1]])[None].astype(np.int32)

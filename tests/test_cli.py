@@ -1,9 +1,11 @@
 """The training command as a user runs it: overrides, the finished-run report, errors, and
 being killed (SIGKILL) or stopped (SIGTERM) at a random step and resumed."""
 
+import ast
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -199,3 +201,72 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig,
       f"stopped by {sig.name}; nothing half-written was kept (a new run's workdir is removed"
       " until its first checkpoint): the same command starts again.")
   assert not workdir.exists()
+
+
+# --- The entry points: seq2seq.main and the console scripts ---------------------------------
+
+SLOW_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "numpy", "sentencepiece")
+
+
+def test_the_entry_points_module_imports_nothing_slow():
+  """The console scripts import `seq2seq.main` first: if it imported JAX, its set-up would
+  come too late (a Ctrl-C during the import, malloc settings after XLA's threads start)."""
+  code = ("import sys\nimport seq2seq.main\n"
+          f"print([m for m in {SLOW_MODULES!r} if m in sys.modules])")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=ENV, timeout=120, check=True)
+  assert result.stdout.strip() == "[]"
+
+
+# Runs `call` (`sys.argv` set for it) and prints, as its last line, what had been set up when
+# JAX was first imported: the SIGINT handler's name and the calls of keep_freed_memory.
+SET_UP_AT_JAX = """
+import json, signal, sys
+from seq2seq import allocator, main
+calls, seen = [], []
+allocator.keep_freed_memory = lambda: calls.append("keep_freed_memory") or True
+class Watch:
+  def find_spec(self, name, path=None, target=None):
+    if name == "jax" and not seen:
+      seen.append([signal.getsignal(signal.SIGINT).__qualname__, list(calls)])
+sys.meta_path.insert(0, Watch())
+sys.argv = ARGV
+try:
+  CALL
+except SystemExit:
+  pass
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("call, argv", [("main.train()", ["seq2seq-train", "--help"]),
+                                        ("main.start_worker()", ["worker"])])
+def test_signals_and_malloc_are_set_up_before_jax_is_imported(call, argv):
+  code = SET_UP_AT_JAX.replace("CALL", call).replace("ARGV", repr(argv))
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=ENV, timeout=120)
+  assert json.loads(result.stdout.splitlines()[-1]) == [
+      ["exit_on_signals.<locals>.leave", ["keep_freed_memory"]]], result.stderr[-3000:]
+
+
+def test_every_console_script_answers_help():
+  """`seq2seq-<name> --help` prints its command's usage (seq2seq/commands/<name>.py's
+  docstring) and flags, with absl's status for --help (1)."""
+  from tests.test_structure import console_scripts
+
+  bin_dir = Path(sys.executable).parent
+  missing = [name for name in console_scripts() if not (bin_dir / name).exists()]
+  assert not missing, f"{missing} not installed: pip install -e ."
+  processes = {name: subprocess.Popen([str(bin_dir / name), "--help"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=ENV)
+               for name in console_scripts()}
+  for name, target in console_scripts().items():
+    stdout, stderr = processes[name].communicate(timeout=300)
+    assert processes[name].returncode == 1, stderr[-3000:]
+    command = ROOT / "seq2seq" / "commands" / f"{target.split(':')[1]}.py"
+    source = command.read_text(encoding="utf-8")
+    usage = ast.get_docstring(ast.parse(source))
+    assert stdout.startswith(usage) and name in usage, name
+    flags = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source)) | {"verbose"}
+    assert {flag for flag in flags if f"--{flag}:" not in stdout
+            and f"--[no]{flag}:" not in stdout} == set(), name

@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
-from seq2seq import compare, evaluate, metrics, sweep
+from seq2seq import compare, compare_stats, evaluate, metrics, sweep
 from seq2seq.errors import UserError
 from seq2seq.translator import Translator
 from tests.conftest import ROOT, fast_tiny_config
@@ -34,7 +34,7 @@ def test_the_columns_are_the_fields_that_differ():
 def test_seeds_group_runs_that_differ_only_in_the_seed():
   rows = [{"run": n, "model.num_heads": h, "train.seed": s}
           for n, h, s in [("a", 2, 0), ("b", 2, 1), ("c", 4, 0), ("d", 4, 1)]]
-  groups = compare.seed_groups(rows, ["model.num_heads", "train.seed"])
+  groups = compare_stats.seed_groups(rows, ["model.num_heads", "train.seed"])
   assert {k: [r["run"] for r in g] for k, g in groups.items()} == {(2,): ["a", "b"],
                                                                     (4,): ["c", "d"]}
 
@@ -43,7 +43,7 @@ def test_seed_statistics_and_welch_test_by_hand():
   rows = [{"run": f"r{i}", "model.num_heads": h, "train.seed": s, "val_bleu": bleu}
           for i, (h, s, bleu) in enumerate([(2, 0, 28.0), (2, 1, 28.5), (2, 2, 29.5),
                                              (4, 0, 30.0), (4, 1, 31.0), (4, 2, 32.0)])]
-  seeds = compare.seed_aggregate(rows, ["model.num_heads", "train.seed"], ["val"], "r0")
+  seeds = compare_stats.seed_aggregate(rows, ["model.num_heads", "train.seed"], ["val"], "r0")
   base, other = seeds
   assert base["model.num_heads"] == 2 and base["seeds"] == 3 and base["val_welch_p"] is None
   assert base["val_bleu_mean"] == pytest.approx(86.0 / 3)
@@ -57,14 +57,14 @@ def test_seed_statistics_and_welch_test_by_hand():
   df = se2**2 / ((v1 / 3) ** 2 / 2 + (v2 / 3) ** 2 / 2)
   assert other["val_welch_p"] == pytest.approx(2 * scipy.stats.t.sf(t, df), rel=1e-9)
   assert 0.01 < other["val_welch_p"] < 0.1
-  assert compare.welch_p_value([30.0], [28.0, 29.0]) is None  # One seed: no test.
+  assert compare_stats.welch_p_value([30.0], [28.0, 29.0]) is None  # One seed: no test.
 
 
 def test_length_buckets_score_each_bucket_alone():
   sources = ["a " * 3, "b " * 12, "c " * 15, "d " * 40]
   refs = ["der Hund läuft", "die Katze schläft hier", "ein Mann fährt Rad", "zwei Frauen"]
   hyps = ["der Hund läuft", "die Katze schläft", "ein Mann fährt Rad", "drei Männer"]
-  buckets = compare.length_buckets(sources, hyps, refs)
+  buckets = compare_stats.length_buckets(sources, hyps, refs)
   assert [(b["bucket"], b["sentences"]) for b in buckets] == [("0-9", 1), ("10-19", 2),
                                                                ("20-29", 0), ("30+", 1)]
   assert buckets[1]["bleu"] == pytest.approx(
@@ -117,7 +117,7 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   assert float(seeds[1]["extra_bleu_mean"]) == pytest.approx(statistics.mean(four))
   assert "Welch's t-test" in (out / "comparison.md").read_text()
   with open(out / "length.csv", encoding="utf-8") as f:
-    assert len(list(csv.DictReader(f))) == 4 * len(compare.LENGTH_EDGES + (None,))
+    assert len(list(csv.DictReader(f))) == 4 * len(compare_stats.LENGTH_EDGES + (None,))
   assert (out / "length.png").read_bytes()[:8] == PNG
 
 

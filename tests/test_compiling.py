@@ -154,7 +154,7 @@ def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fres
     train.train_and_evaluate(c, tmp_path / "cold")
   # Each program once, at start-up, and nothing compiled for them later.
   assert (cold.compiled["jit(train_step)"], cold.compiled["jit(eval_step)"],
-          cold.compiled["jit(translate_fn)"]) == (2, 2, 2)
+          cold.compiled["jit(search_fn)"]) == (2, 2, 2)
   started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled")]
   assert len(started) == 1 and started[0].startswith(
       "Compiled 6 programs (2 train steps, 2 validation losses, 2 validation searches) in ")
@@ -165,7 +165,7 @@ def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fres
     train.train_and_evaluate(c, tmp_path / "warm")
   assert sum(warm.compiled.values()) == 0, warm.compiled
   assert (warm.cached["jit(train_step)"], warm.cached["jit(eval_step)"],
-          warm.cached["jit(translate_fn)"]) == (2, 2, 2)
+          warm.cached["jit(search_fn)"]) == (2, 2, 2)
   started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled")]
   assert started[0].endswith(" s; 6 of them from the compilation cache.")
 
@@ -177,4 +177,4 @@ def test_an_evaluation_compiles_at_most_two_searches(run, fresh_cache):
   with compiling.counting() as counts:
     translated = translator.translate(texts)
   assert len(translated) == 30
-  assert counts.compiled["jit(translate_fn)"] == 2
+  assert counts.compiled["jit(search_fn)"] == 2

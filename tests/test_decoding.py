@@ -1,4 +1,5 @@
-"""Greedy and beam search: known answers on hand-built models, and invariants on real ones."""
+"""Greedy, beam search and sampling: known answers on hand-built models, and invariants on real
+ones."""
 
 import functools
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq import decoding
+from seq2seq import decoding, translator
 from seq2seq.config import base_config
 from seq2seq.models import build_model
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -110,7 +111,7 @@ SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0], [11, 3, 0, 0, 0, 0]])
 
 
 def test_beam_one_equals_greedy(model):
-  greedy, _ = decoding.translate(model, SRC, max_len=10)
+  greedy, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=10)
   memory = model.encode(SRC)
   ids, _ = decoding.beam_search(functools.partial(model.decode_step, memory),
                                 model.init_cache(memory, 10), 3, 10, beam_size=1, alpha=0.0)
@@ -119,7 +120,7 @@ def test_beam_one_equals_greedy(model):
 
 def test_cached_decoding_equals_uncached(model):
   """Greedy with the cache equals re-running teacher-forced decode on each prefix."""
-  cached, _ = decoding.translate(model, SRC, max_len=8)
+  cached, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=8)
   memory = model.encode(SRC)
   # Position t's logits see tokens 0..t only (causal), so one fixed-shape decode, compiled
   # once, re-runs the whole prefix at every step; later positions hold PAD until filled.
@@ -135,7 +136,7 @@ def test_cached_decoding_equals_uncached(model):
 
 
 def test_nbest_is_sorted_and_distinct(model):
-  ids, scores = decoding.translate(model, SRC, max_len=8, beam_size=4, alpha=0.6, nbest=3)
+  ids, scores = decoding.generate(model, SRC, decoding.Beam(4, 0.6, nbest=3), max_len=8)
   assert ids.shape == (3, 3, 8)
   for sentence, sentence_scores in zip(np.asarray(ids), np.asarray(scores), strict=True):
     assert len({tuple(h) for h in sentence}) == 3
@@ -147,7 +148,7 @@ def test_nbest_is_sorted_and_distinct(model):
 
 
 def test_beam_search_under_jit_equals_eager(model):
-  search = lambda src: decoding.translate(model, src, max_len=8, beam_size=3, alpha=0.6)  # noqa: E731
+  search = lambda src: decoding.generate(model, src, decoding.Beam(3, 0.6), max_len=8)  # noqa: E731
   eager_ids, eager_scores = search(SRC)
   ids, scores = jax.jit(search)(SRC)
   assert ids.shape == (3, 1, 8)
@@ -156,23 +157,39 @@ def test_beam_search_under_jit_equals_eager(model):
 
 
 def test_sampling_with_top_k_one_is_greedy(model):
-  greedy, _ = decoding.translate(model, SRC, max_len=8)
-  sampled, _ = decoding.translate(model, SRC, max_len=8, sample_key=jax.random.key(3),
-                                  temperature=2.0, top_k=1)
+  greedy, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=8)
+  sampled, _ = decoding.generate(model, SRC, decoding.Sampling(3, temperature=2.0, top_k=1),
+                                 max_len=8)
   np.testing.assert_array_equal(sampled, greedy)
 
 
 def test_sampling_draws_only_from_the_top_k():
   # From BOS: A 0.5, B 0.3, C 0.2; with top_k=2, C must never be drawn, A and B both are.
   step = table_step(transition_table({BOS_ID: {A: 0.5, B: 0.3, C: 0.2}}))
-  first = decoding.greedy_search(step, jnp.zeros((500,)), 500, 2,
-                                 sample_key=jax.random.key(0), top_k=2)[:, 0]
+  sampling = decoding.Sampling(seed=0, top_k=2)
+  first = sampling.search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
   counts = {t: int(np.sum(np.asarray(first) == t)) for t in (A, B, C)}
   assert counts[C] == 0 and counts[A] > counts[B] > 100
   # A fixed seed gives the same samples.
-  again = decoding.greedy_search(step, jnp.zeros((500,)), 500, 2,
-                                 sample_key=jax.random.key(0), top_k=2)[:, 0]
+  again = decoding.Sampling(seed=0, top_k=2).search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
   np.testing.assert_array_equal(first, again)
+
+
+def test_strategies_are_hashable_values_that_a_jitted_search_closes_over():
+  assert decoding.Beam(4, 0.6, nbest=2) == decoding.Beam(4, 0.6, nbest=2)
+  assert len({decoding.Greedy(), decoding.Greedy(), decoding.Sampling(1), decoding.Sampling(2),
+              decoding.Beam(4, 0.6), decoding.Beam(4, 0.6)}) == 4
+  assert (decoding.Greedy().nbest, decoding.Sampling(0).nbest, decoding.Beam(4, 0.6, 3).nbest) \
+      == (1, 1, 3)
+  with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam_size=2"):
+    decoding.Beam(2, 0.6, nbest=3)
+
+
+def test_the_search_flags_name_one_strategy():
+  assert translator.search_strategy(1, 0.6) == decoding.Greedy()
+  assert translator.search_strategy(2, 0.6, nbest=2) == decoding.Beam(2, 0.6, nbest=2)
+  assert translator.search_strategy(1, 0.6, nbest=1, sample_seed=5, temperature=0.5,
+                                    top_k=3) == decoding.Sampling(5, 0.5, 3)
 
 
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])
@@ -180,7 +197,7 @@ def test_top_k_by_chunks_equals_lax_top_k(n, k):
   x = jax.random.normal(jax.random.key(0), (5, n))
   x = x.at[1].set(jnp.round(x[1] * 2) / 2)  # Many ties: the lower index must win.
   x = x.at[2, : n // 2].set(-1e9)  # Dead beams' candidates, as in beam search.
-  values, index = decoding.top_k(x, k, chunk=64)
+  values, index = decoding.chunked_top_k(x, k, chunk=64)
   expected_values, expected_index = jax.lax.top_k(x, k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(index, expected_index)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from seq2seq import cli, layout, signals, train
+from seq2seq import cli, distributed, layout, signals, train
 from seq2seq.config import base_config
 from tests.conftest import fast_tiny_config
 from tests.test_devices import device_env, train_command, train_losses, train_on
@@ -70,12 +70,12 @@ def test_initialize_only_when_asked(monkeypatch):
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
   d = base_config().distributed
-  train.initialize_distributed(d)
+  distributed.initialize_distributed(d)
   assert calls == []  # The default: one process, nothing to join.
   d.num_processes = 0  # Everything from the environment (JAX_COORDINATOR_ADDRESS, Slurm, ...).
-  train.initialize_distributed(d)
+  distributed.initialize_distributed(d)
   d.num_processes, d.coordinator_address, d.process_id = 4, "host0:1234", 3
-  train.initialize_distributed(d)
+  distributed.initialize_distributed(d)
   assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None},
                    {"coordinator_address": "host0:1234", "num_processes": 4, "process_id": 3}]
 

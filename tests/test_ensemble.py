@@ -13,12 +13,12 @@ import pytest
 from flax import nnx
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, train
+from seq2seq import decoding, evaluate, train
 from seq2seq.data import tokenizer
 from seq2seq.ensemble import Ensemble, stack
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from seq2seq.translator import Translator, translate_fn
+from seq2seq.translator import Translator, search_fn
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import snapshot
 
@@ -78,8 +78,8 @@ def _models(run, steps):
 def test_k_copies_of_one_model_give_its_scores(run):
   (graphdef, params), = _models(run, [4])
   src = jnp.asarray(np.array([[5, 9, 13, 3], [7, 3, 0, 0]], np.int32))
-  search = functools.partial(translate_fn, src=src, max_len_a=1.0, max_len_b=4,
-                             max_len_limit=64, beam_size=3, alpha=0.6, nbest=2)
+  search = functools.partial(search_fn, src=src, strategy=decoding.Beam(3, 0.6, nbest=2),
+                             max_len_a=1.0, max_len_b=4, max_len_limit=64)
   ids, scores = search(params, graphdef=graphdef)
   ensemble_ids, ensemble_scores = search((stack([params] * 3),), graphdef=(graphdef,))
   np.testing.assert_array_equal(ensemble_ids, ids)

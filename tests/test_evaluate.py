@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, selection, textio, train
+from seq2seq import evaluate, metrics, selection, textio, train, train_state
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 from seq2seq.translator import Translator, alignment
@@ -57,7 +57,7 @@ def test_translate_stopped_while_decoding_ends_at_once_and_keeps_the_old_output(
       "def stopped(self, src_ids):\n"
       f"  os.kill(os.getpid(), signal.{sig})\n"
       "  time.sleep(600)\n"
-      "Translator.translate_ids = stopped\n"
+      "Translator.search_ids = stopped\n"
       f"sys.argv = ['translate.py', '--workdir={run}', '--input={src}', '--output={out}']\n"
       "runpy.run_path('scripts/translate.py', run_name='__main__')\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -97,6 +97,7 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   pictures = sorted(p.name for p in (run / "eval").glob("src.en.latest.beam3.attention*.png"))
   assert pictures == ["src.en.latest.beam3.attention1.png", "src.en.latest.beam3.attention2.png"]
   assert all((run / "eval" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pictures)
+  assert all(str(run / "eval" / p) in result.stderr.decode() for p in pictures)  # Named.
   json_file = run / "eval" / "src.en.latest.beam3.json"
   scores = json.loads(json_file.read_text())
   assert len(hyp.read_text(encoding="utf-8").splitlines()) == 3
@@ -116,7 +117,7 @@ def test_checkpoint_average_is_the_mean(run):
   c = translator.config
   checkpoints = Checkpoints(run, 2)
   like = Translator(run, "latest", beam_size=1)
-  state_like = train.new_train_state(like.params, train.make_optimizer(c.train))
+  state_like = train_state.new_train_state(like.params, train_state.make_optimizer(c.train))
   two, four = (checkpoints.restore(s, state_like).params for s in (2, 4))
   for avg, a, b in zip(jax.tree.leaves(translator.params), jax.tree.leaves(two),
                        jax.tree.leaves(four), strict=True):
@@ -170,6 +171,12 @@ def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_pa
   reference = Translator(workdir, chosen["checkpoint"], beam_size=1)
   assert translator.steps == reference.steps
   jax.tree.map(np.testing.assert_array_equal, translator.params, reference.params)
+  scored, prefix = evaluate.run_evaluation(workdir, split="val", checkpoint="selected",
+                                           beam_size=1)
+  assert prefix.name == "val.selected.beam1" and scored["bleu"] == pytest.approx(best)
+  saved = json.loads(metrics.output_files(prefix)[1].read_text())
+  assert saved == scored and (saved["checkpoint"], saved["selected_checkpoint"]) == (
+      "selected", chosen["checkpoint"])
 
 
 def test_best_checkpoint_is_known_after_a_restart(tmp_path):

@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import config as config_lib
-from seq2seq.models import attention, build_model, masks
+from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, masks
 from seq2seq.models.transformer import sinusoidal_positions
 from tests.conftest import assert_stepping_matches_decode
 
 VOCAB = 40
 
 
-TRANSFORMER_VARIANTS = config_lib.ATTENTION_BY_FAMILY["transformer"]
+TRANSFORMER_VARIANTS = ATTENTION_BY_FAMILY["transformer"]
 
 
 @pytest.fixture(params=[("scaled_dot", True), ("scaled_dot", False)]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import train
+from seq2seq import steps, train
 from seq2seq.data import batching
 from seq2seq.errors import UserError
-from seq2seq.models import attention, build_model, masks
+from seq2seq.models import attention, build_model, check_config, masks
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 40
@@ -95,7 +95,7 @@ def test_packed_batches_give_the_loss_of_the_same_pairs_unpacked(tiny_config, na
   tiny_config.model.dropout_rate = 0.0
   tiny_config.model.num_encoder_layers = tiny_config.model.num_decoder_layers = 2
   graphdef, params = nnx.split(build_model(tiny_config, VOCAB), nnx.Param)
-  step = jax.jit(lambda p, b: train.eval_step(p, b, graphdef=graphdef))
+  step = jax.jit(lambda p, b: steps.eval_step(p, b, graphdef=graphdef))
   src, tgt = _pairs()
 
   def summed(pack: bool) -> dict:
@@ -115,6 +115,8 @@ def test_packing_is_refused_where_sentences_cannot_be_kept_apart(tmp_path, tiny_
                                                                  name):
   tiny_config.model.family, tiny_config.model.attention = family, name
   tiny_config.data.pack = True
+  with pytest.raises(UserError, match="config.data.pack"):
+    check_config(tiny_config)  # What the family and its attention declare they can do.
   with pytest.raises(UserError, match="config.data.pack") as info:
     train.train_and_evaluate(tiny_config, tmp_path)
   assert "\n" not in str(info.value)

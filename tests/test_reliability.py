@@ -20,6 +20,7 @@ from seq2seq import checkpoint, layout, train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
+from seq2seq.metrics_writer import MetricsWriter
 from seq2seq.translator import Translator
 from tests.conftest import ROOT, fast_tiny_config
 
@@ -141,14 +142,14 @@ def test_a_full_disk_while_writing_metrics_keeps_the_last_checkpoint(run, tmp_pa
                                                                       split, doing):
   workdir = resumable_at_2(run, tmp_path)
   before = saved(workdir)
-  write = train.MetricsWriter.write
+  write = MetricsWriter.write
 
   def full(self, step, this_split, metrics):
     if (step, this_split) == (4, split):
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     write(self, step, this_split, metrics)
 
-  monkeypatch.setattr(train.MetricsWriter, "write", full)
+  monkeypatch.setattr(MetricsWriter, "write", full)
   with pytest.raises(UserError) as raised:
     train.train_and_evaluate(run_config(), workdir)
   assert str(raised.value) == (

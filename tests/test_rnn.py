@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import config as config_lib
-from seq2seq.models import attention, build_model, rnn
+from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, rnn
 from tests.conftest import assert_stepping_matches_decode
 
 VOCAB = 40
 SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # EOS=3, PAD=0
 TGT = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])  # BOS=2
-RNN_VARIANTS = config_lib.ATTENTION_BY_FAMILY["rnn"]
+RNN_VARIANTS = ATTENTION_BY_FAMILY["rnn"]
 
 
 def rnn_config(tiny_config, **model):

@@ -57,7 +57,7 @@ def test_find_cycle_finds_one():
 def test_the_package_has_no_import_cycle():
   graph = import_graph()
   assert {"seq2seq.train", "seq2seq.evaluate", "seq2seq.train_state"} <= graph.keys()
-  assert "seq2seq.translator" in graph["seq2seq.train"]  # The graph does see imports.
+  assert "seq2seq.translator" in graph["seq2seq.trainer"]  # The graph does see imports.
   assert find_cycle(graph) is None
 
 
@@ -81,7 +81,7 @@ def test_spelled_names_sees_dispatch_but_not_defaults(tmp_path):
 
 def test_no_family_or_variant_is_named_outside_models():
   from seq2seq import models
-  names = set(models.FAMILIES) | {n for names in models.ATTENTION_BY_FAMILY.values()
+  names = set(models.FAMILY_NAMES) | {n for names in models.ATTENTION_BY_FAMILY.values()
                                   for n in names}
   found = {str(p.relative_to(ROOT)): spelled for p in PACKAGE.rglob("*.py")
            if "models" not in p.parts and (spelled := spelled_names(p, names))}
@@ -91,11 +91,33 @@ def test_no_family_or_variant_is_named_outside_models():
           if {name for _, name in spelled} - homonyms.get(path, set())} == {}
 
 
-def test_every_script_sets_up_signals_and_memory_before_anything_else():
-  """The first statements after the docstring and `from seq2seq import ...`: signals (so that
-  Ctrl-C during the slow imports ends the command) and malloc (before XLA's threads start)."""
-  first = ["from seq2seq import allocator, signals", "signals.exit_on_signals()",
-           "allocator.keep_freed_memory()"]
-  for script in sorted((ROOT / "scripts").glob("*.py")):
-    body = ast.parse(script.read_text(encoding="utf-8")).body[1:4]
-    assert [ast.unparse(node) for node in body] == first, script.name
+def console_scripts() -> dict[str, str]:
+  """pyproject.toml's [project.scripts]: {command name: "module:function"}."""
+  lines = (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+  section = lines[lines.index("[project.scripts]") + 1:]
+  entries = [line for line in section[:next((i for i, line in enumerate(section)
+                                              if line.startswith("[")), len(section))]
+             if "=" in line]
+  return {name.strip(): value.strip().strip('"') for name, value in
+          (line.split("=", 1) for line in entries)}
+
+
+def test_every_command_is_a_console_script_and_a_script_alias():
+  """`seq2seq-<name>` runs `seq2seq.main.<name>`, which runs seq2seq/commands/<name>.py; and
+  scripts/<name>.py, where there is one, only calls that function, so the set-up
+  (seq2seq.main) is written once."""
+  commands = {p.stem for p in (PACKAGE / "commands").glob("*.py")} - {"__init__"}
+  assert {"train", "evaluate", "translate"} <= commands
+  assert console_scripts() == {f"seq2seq-{name.replace('_', '-')}": f"seq2seq.main:{name}"
+                               for name in commands}
+  main = {node.name: ast.unparse(node.body[-1]) for node in
+          ast.parse((PACKAGE / "main.py").read_text(encoding="utf-8")).body
+          if isinstance(node, ast.FunctionDef) and node.name in commands}
+  assert main == {name: f"run({name!r})" for name in commands}
+  scripts = {p.stem for p in (ROOT / "scripts").glob("*.py")}
+  assert {"train", "evaluate", "translate"} <= scripts <= commands
+  for name in scripts:
+    body = ast.parse((ROOT / "scripts" / f"{name}.py").read_text(encoding="utf-8")).body
+    assert ast.get_docstring(ast.Module(body, [])), name
+    assert [ast.unparse(node) for node in body[1:]] == [
+        "from seq2seq import main", f"if __name__ == '__main__':\n    main.{name}()"], name

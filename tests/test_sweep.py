@@ -7,9 +7,10 @@ import socket
 
 import pytest
 
-from seq2seq import compare, sweep, train
+from seq2seq import compare, compare_eval, compare_stats, sweep
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
+from seq2seq.trainer import Trainer
 from tests.conftest import fast_tiny_config, load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -91,10 +92,11 @@ def test_compare_writes_table_and_pictures(swept):
 def test_a_run_against_itself_is_not_significant(swept):
   _, root, _ = swept
   run = root / "attention-dot"
-  hyps = compare._evaluation(run, compare.TestSet("val"), 2, 0.6)[1]
-  references = compare._text(load_config("tiny"), compare.TestSet("val"))[1]
+  hyps = compare_eval.evaluation(run, compare_eval.TestSet("val"), 2, 0.6)[1]
+  references = compare_eval.read_test_set(load_config("tiny"), compare_eval.TestSet("val"))[1]
   perfect = list(references)
-  result = compare._significance(hyps, {"itself": list(hyps), "other": perfect}, references, 100)
+  result = compare_stats.paired_bootstrap(hyps, {"itself": list(hyps), "other": perfect},
+                                          references, 100)
   assert result["itself"][1] == 1.0
   assert result["other"][1] < 0.05  # the same test does detect a real difference
 
@@ -103,14 +105,14 @@ def test_a_run_against_itself_is_not_significant(swept):
 def test_a_signal_stops_the_sweep_and_the_same_command_resumes(tmp_path, monkeypatch):
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2
-  to_device = train.Trainer.to_device
+  to_device = Trainer.to_device
 
   def sigterm_once(self, batch):  # A SIGTERM arrives during the first run's first step.
-    monkeypatch.setattr(train.Trainer, "to_device", to_device)
+    monkeypatch.setattr(Trainer, "to_device", to_device)
     os.kill(os.getpid(), signal.SIGTERM)
     return to_device(self, batch)
 
-  monkeypatch.setattr(train.Trainer, "to_device", sigterm_once)
+  monkeypatch.setattr(Trainer, "to_device", sigterm_once)
   status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
   assert status["seed-0"].startswith("stopped by SIGTERM at step ")
   assert status["seed-1"] == "not started" and not (tmp_path / "seed-1").exists()

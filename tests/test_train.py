@@ -19,13 +19,15 @@ import optax
 import pytest
 from flax import nnx
 
-from seq2seq import config as config_lib
 from seq2seq import train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.layout import WorkdirLock
-from seq2seq.models import build_model
+from seq2seq.models import ATTENTION_BY_FAMILY, build_model
+from seq2seq.steps import cross_entropy, train_step
+from seq2seq.train_state import learning_rate_schedule, make_optimizer, new_train_state
+from seq2seq.trainer import Trainer
 from tests.conftest import ROOT, damage_checkpoint, fast_tiny_config, load_config
 
 
@@ -54,16 +56,16 @@ def test_loss_falls_when_overfitting_a_few_pairs(tiny_config):
   vocab = 30
   model = build_model(tiny_config, vocab)
   graphdef, params = nnx.split(model, nnx.Param)
-  optimizer = train.make_optimizer(tiny_config.train)
+  optimizer = make_optimizer(tiny_config.train)
   rng = np.random.default_rng(0)
   tgt = rng.integers(4, vocab, size=(4, 6))
   batch = {"src": jnp.asarray(np.concatenate([rng.integers(4, vocab, (4, 5)),
                                               np.full((4, 1), 3)], 1), jnp.int32),
            "tgt_in": jnp.asarray(np.concatenate([np.full((4, 1), 2), tgt[:, :-1]], 1), jnp.int32),
            "tgt_out": jnp.asarray(tgt, jnp.int32)}
-  step = jax.jit(lambda s, b, k: train.train_step(s, b, k, graphdef=graphdef,
+  step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef,
                                                   optimizer=optimizer, label_smoothing=0.0))
-  state = train.new_train_state(params, optimizer)
+  state = new_train_state(params, optimizer)
   nll = []
   for _ in range(60):
     state, metrics = step(state, batch, jax.random.key(0))
@@ -74,7 +76,7 @@ def test_loss_falls_when_overfitting_a_few_pairs(tiny_config):
 
 def _schedule(name: str):
   from ml_collections import ConfigDict
-  return train.learning_rate_schedule(ConfigDict(
+  return learning_rate_schedule(ConfigDict(
       {"learning_rate": 1.0, "warmup_steps": 100, "num_steps": 500, "schedule": name}))
 
 
@@ -99,7 +101,7 @@ def test_decays_to_zero_at_the_last_step():
 def test_label_smoothed_loss_matches_formula():
   logits = jax.random.normal(jax.random.key(0), (1, 2, 5))
   targets = jnp.array([[3, 0]])  # the second position is PAD: no weight
-  sums = train.cross_entropy(logits, targets, 0.1)
+  sums = cross_entropy(logits, targets, 0.1)
   logp = jax.nn.log_softmax(logits[0, 0])
   expected = -(0.9 * logp[3] + 0.1 * jnp.mean(logp))
   np.testing.assert_allclose(sums["loss"], expected, rtol=1e-5)
@@ -118,7 +120,7 @@ def test_loss_equals_one_hot_softmax_cross_entropy(smoothing):
     soft = optax.smooth_labels(jax.nn.one_hot(targets, 50), smoothing)
     return jnp.sum(optax.softmax_cross_entropy(z, soft) * weights)
 
-  ours = lambda z: train.cross_entropy(z, targets, smoothing)["loss"]  # noqa: E731
+  ours = lambda z: cross_entropy(z, targets, smoothing)["loss"]  # noqa: E731
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-5)
   np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits), atol=1e-6)
 
@@ -143,13 +145,13 @@ def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
   for workdir in (whole, split):
     checkpoints = Checkpoints(workdir, keep=2)
     assert checkpoints.all_steps() == [3, 6]
-    trainer_like = train.Trainer(tiny_config, workdir).new_state()
+    trainer_like = Trainer(tiny_config, workdir).new_state()
     restored.append(checkpoints.restore(6, trainer_like))
   for a, b in zip(jax.tree.leaves(restored[0]), jax.tree.leaves(restored[1]), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-VARIANTS = [(family, name) for family, names in config_lib.ATTENTION_BY_FAMILY.items()
+VARIANTS = [(family, name) for family, names in ATTENTION_BY_FAMILY.items()
             for name in names]
 
 
@@ -176,10 +178,10 @@ def test_every_variant_trains_on_tiny(tiny_batches, family, name):
   c.model.attention_window = 2
   model = build_model(c, vocab)
   graphdef, params = nnx.split(model, nnx.Param)
-  optimizer = train.make_optimizer(c.train)
-  step = jax.jit(lambda s, b, k: train.train_step(s, b, k, graphdef=graphdef,
+  optimizer = make_optimizer(c.train)
+  step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef,
                                                   optimizer=optimizer, label_smoothing=0.0))
-  state = train.new_train_state(params, optimizer)
+  state = new_train_state(params, optimizer)
   nll = []
   for i in range(30):
     state, metrics = step(state, batches[i % 3], jax.random.key(0))
@@ -194,12 +196,12 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_batches):
   c = copy.deepcopy(c)
   c.model.dropout_rate = 0.0  # dropout masks differ per micro-batch by design
   graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
-  optimizer = train.make_optimizer(c.train)
+  optimizer = make_optimizer(c.train)
   results = []
   for k in (1, 4):
-    step = jax.jit(lambda s, b, key, k=k: train.train_step(
+    step = jax.jit(lambda s, b, key, k=k: train_step(
         s, b, key, graphdef=graphdef, optimizer=optimizer, label_smoothing=0.1, accum_steps=k))
-    state = train.new_train_state(params, optimizer)
+    state = new_train_state(params, optimizer)
     for i in range(2):
       state, metrics = step(state, batches[i], jax.random.key(0))
     results.append((state.params, metrics))
@@ -221,10 +223,10 @@ def test_bfloat16_compute_keeps_float32_parameters(tiny_batches, family, name):
     cd.model.family, cd.model.attention, cd.train.dtype = family, name, dtype
     model = build_model(cd, vocab)
     graphdef, params = nnx.split(model, nnx.Param)
-    optimizer = train.make_optimizer(cd.train)
-    step = jax.jit(functools.partial(train.train_step, graphdef=graphdef, optimizer=optimizer,
+    optimizer = make_optimizer(cd.train)
+    step = jax.jit(functools.partial(train_step, graphdef=graphdef, optimizer=optimizer,
                                      label_smoothing=0.1))
-    state, metrics = step(train.new_train_state(params, optimizer), batches[0], jax.random.key(0))
+    state, metrics = step(new_train_state(params, optimizer), batches[0], jax.random.key(0))
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
     assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype("float32")}
     if dtype == "bfloat16":
@@ -298,7 +300,7 @@ def _scripted_bleu(monkeypatch, scores):
     del self, params
     return {"loss": 1.0, "perplexity": math.e, "bleu": next(calls), "bleu_signature": "s",
             "example": ""}
-  monkeypatch.setattr(train.Trainer, "evaluate", evaluate)
+  monkeypatch.setattr(Trainer, "evaluate", evaluate)
 
 
 @pytest.mark.parametrize("patience, stop", [pytest.param(1, 6, marks=pytest.mark.slow), (2, 8),

@@ -7,7 +7,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from seq2seq import config as config_lib
-from seq2seq import train
+from seq2seq import models, train, train_state
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.evaluate import run_evaluation
 from tests.conftest import ROOT, TFDS_EXTRA, load_config
@@ -29,6 +29,7 @@ def _parse(name: str):
 def test_config_follows_the_paper_and_validates(name):
   c = _parse(name)
   config_lib.validate(c)
+  models.check_config(c)
   dim, heads, mlp, dropout, keep = CONFIGS[name]
   m, t = c.model, c.train
   assert (m.emb_dim, m.num_heads, m.mlp_dim, m.dropout_rate) == (dim, heads, mlp, dropout)
@@ -39,7 +40,7 @@ def test_config_follows_the_paper_and_validates(name):
   assert 24_000 <= rows * c.data.max_len <= 33_000
   assert (t.adam_b1, t.adam_b2, t.adam_eps, t.label_smoothing) == (0.9, 0.98, 1e-9, 0.1)
   # Vaswani et al., eq. 3: lrate = d^-0.5 * min(step^-0.5, step * warmup^-1.5).
-  schedule = train.learning_rate_schedule(t)
+  schedule = train_state.learning_rate_schedule(t)
   for step in (100, 4000, 20_000, 100_000):
     paper = dim**-0.5 * min(step**-0.5, step * 4000**-1.5)
     np.testing.assert_allclose(float(schedule(step)), paper, rtol=1e-5)

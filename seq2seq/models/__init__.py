@@ -1,18 +1,26 @@
-"""Model families behind one interface (`Seq2SeqModel`); `build_model` picks one by config."""
+"""Model families behind one interface (`Seq2SeqModel`); `build_model` picks one by config,
+and `check_config` says what a config asks of its family that the family cannot do."""
 
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from seq2seq.models.attention import PAPER_NAMES as PAPER_NAMES
+from seq2seq.errors import UserError
+from seq2seq.models.attention import PAPER_NAMES, VARIANTS
 from seq2seq.models.interface import Seq2SeqModel
 from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
 
-FAMILIES: dict[str, type[Seq2SeqModel]] = {"transformer": Transformer, "rnn": RNN}
-# What each family declares it can do; config validation and the trainer read these.
-ATTENTION_BY_FAMILY = {name: family.ATTENTION_NAMES for name, family in FAMILIES.items()}
-PACKS = {name: family.PACKS for name, family in FAMILIES.items()}
+# `config.model.family` name -> the class that builds it.
+MODEL_CLASSES: dict[str, type[Seq2SeqModel]] = {"transformer": Transformer, "rnn": RNN}
+FAMILY_NAMES = tuple(MODEL_CLASSES)
+# The `config.model.attention` names each family declares it takes.
+ATTENTION_BY_FAMILY = {name: cls.ATTENTION_NAMES for name, cls in MODEL_CLASSES.items()}
+
+
+def can_pack(family: str) -> bool:
+  """Whether `family` takes packed rows (several sentences per row): its declared `PACKS`."""
+  return MODEL_CLASSES[family].PACKS
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):
@@ -24,10 +32,37 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int
     seed: parameter seed (default: config.train.seed).
   """
   seed = config.train.seed if seed is None else seed
-  return FAMILIES[config.model.family](config.model, vocab_size, rngs=nnx.Rngs(params=seed),
-                                       dtype=jnp.dtype(config.train.dtype))
+  return MODEL_CLASSES[config.model.family](config.model, vocab_size,
+                                            rngs=nnx.Rngs(params=seed),
+                                            dtype=jnp.dtype(config.train.dtype))
 
 
-def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
-  """What `config.model` asks of its family that the family cannot build (one line), if any."""
-  return FAMILIES[cfg.family].config_problem(cfg)
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises `UserError` naming the fix for what `config` asks of its model family that the
+  family does not declare it can do: an unknown family, an attention it does not take, sizes
+  it cannot build (`config_problem`), packed rows it or its attention cannot keep apart.
+
+  `seq2seq.config.validate` checks the rest, without importing the models; run it first
+  (this reads fields whose types and ranges it checks).
+  """
+  m = config.model
+  if m.family not in MODEL_CLASSES:
+    raise UserError(f"config.model.family={m.family!r} is not a model family;"
+                    f" use one of: {', '.join(FAMILY_NAMES)}.")
+  valid = ATTENTION_BY_FAMILY[m.family]
+  if m.attention not in valid:
+    paper = PAPER_NAMES.get(m.attention.lower())
+    hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
+    raise UserError(f"config.model.attention={m.attention!r} is not available for the"
+                    f" {m.family}; use one of: {', '.join(valid)}.{hint}")
+  problem = MODEL_CLASSES[m.family].config_problem(m)
+  if problem:
+    raise UserError(problem)
+  if config.data.pack and not can_pack(m.family):
+    raise UserError(f"config.data.pack=True packs several sentences per row, which the"
+                    f" {m.family} family cannot keep apart; it needs"
+                    " --config.data.pack=False.")
+  if config.data.pack and not VARIANTS[m.attention].packs:
+    raise UserError("config.data.pack=True needs attention that can be masked per sentence;"
+                    f" `{m.attention}` cannot: use another config.model.attention or"
+                    " pack=False.")

@@ -2,7 +2,7 @@
 
 The trainer, the decoders and evaluation use a model only through these
 methods, so a new family plugs in by implementing them (with these keyword
-arguments) and registering its class in `seq2seq.models.FAMILIES`. `Memory`
+arguments) and registering its class in `seq2seq.models.MODEL_CLASSES`. `Memory`
 and `Cache` are the family's own pytrees: callers pass them back unchanged.
 """
 
@@ -27,7 +27,8 @@ class Seq2SeqModel(Protocol):
 
   # The `config.model.attention` names the family takes.
   ATTENTION_NAMES: ClassVar[tuple[str, ...]]
-  # Whether it takes packed rows (several sentences per row: `segments`, `positions`).
+  # Whether it takes packed rows (several sentences per row: `segments`, `positions`);
+  # read through `seq2seq.models.can_pack(family)`.
   PACKS: ClassVar[bool]
 
   @staticmethod

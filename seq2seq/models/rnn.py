@@ -35,9 +35,6 @@ from seq2seq.special_ids import PAD_ID
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
-# The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
-ATTENTION_NAMES = ("none", *SCORES)
-PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
 # Variants scored with the previous state s_{t-1} when config.model.rnn_query_state is "auto".
 PREVIOUS_STATE_QUERIES = ("concat",)
 
@@ -107,8 +104,9 @@ def _scan_cell(cell, carry: Carry, inputs: jnp.ndarray, valid: jnp.ndarray):
 class RNN(nnx.Module):
   """See the module docstring; implements `interface.Seq2SeqModel` (`cfg` is `config.model`)."""
 
-  ATTENTION_NAMES = ATTENTION_NAMES
-  PACKS = PACKS
+  # The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
+  ATTENTION_NAMES = ("none", *SCORES)
+  PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

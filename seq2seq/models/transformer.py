@@ -98,12 +98,6 @@ class Sublayers(nnx.Module):
     return x if self.pre_ln else self.norms[i](x)
 
 
-# The variants the Transformer takes: every registry entry but `location`, whose score
-# reads a query's position weights from the query alone (an RNN decoder's alignment model).
-ATTENTION_NAMES = tuple(name for name in VARIANTS if name != "location")
-PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
-
-
 def _attention(cfg, rngs, dtype, *, cross: bool = False):
   # A variant may name another for cross-attention (`local` keeps it full: VARIANTS).
   attention = (VARIANTS[cfg.attention].cross or cfg.attention) if cross else cfg.attention
@@ -165,8 +159,10 @@ class DecoderLayer(nnx.Module):
 class Transformer(nnx.Module):
   """Encoder-decoder Transformer; implements `interface.Seq2SeqModel`."""
 
-  ATTENTION_NAMES = ATTENTION_NAMES
-  PACKS = PACKS
+  # The variants the Transformer takes: every registry entry but `location`, whose score
+  # reads a query's position weights from the query alone (an RNN decoder's alignment model).
+  ATTENTION_NAMES = tuple(name for name in VARIANTS if name != "location")
+  PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

@@ -1,0 +1,61 @@
+r"""Training and decoding speed at fixed shapes, one JSON line per measurement.
+
+  seq2seq-benchmark [--mode=train,decode] [--layers=3 --dim=256 --heads=4 --mlp=1024] \
+      [--vocab=8000] [--batch=64 --length=32 --dtype=float32|bfloat16] \
+      [--decode_batch=32 --src_len=40 --out_len=40]
+
+train: step time, target tokens/s, model FLOPs per step (matmuls, x3 for the
+backward pass) and MFU against a matrix multiply measured in the same run (and
+the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
+and tokens/s, against decoders that recompute cross-attention keys and values
+every step (as written, which XLA partly hoists out of the loop, and forced to
+run per step), measured in the same process. --profile: where the time of each
+goes (seq2seq/profile.py), one more JSON line per mode and beam.
+"""
+
+import json
+
+from absl import flags
+
+from seq2seq import benchmark, compiling
+
+_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode.")
+_LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
+_DIM = flags.DEFINE_integer("dim", 256, "Model width.")
+_HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
+_MLP = flags.DEFINE_integer("mlp", 1024, "Feed-forward width.")
+_VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size.")
+_BATCH = flags.DEFINE_integer("batch", 64, "Training sentences per step.")
+_LENGTH = flags.DEFINE_integer("length", 32, "Training source and target tokens per sentence.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed training steps (the fastest is kept).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Training computation dtype (parameters stay float32).")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding call.")
+_SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.")
+_OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.")
+_BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Decoding: beam sizes (1: greedy).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode with the JAX "
+                             "profiler: the share of matmuls, random bits, gathers, top_k, "
+                             "copies and the rest, and the slowest XLA instructions.")
+
+
+def main(argv):
+  del argv
+  compiling.enable_cache()  # Timings are of compiled programs: the cache changes only start-up.
+  sizes = dict(layers=_LAYERS.value, dim=_DIM.value, heads=_HEADS.value, mlp=_MLP.value,
+               vocab=_VOCAB.value)
+  if "train" in _MODE.value:
+    print(json.dumps(benchmark.train_benchmark(**sizes, batch=_BATCH.value, length=_LENGTH.value,
+                                               steps=_STEPS.value, dtype=_DTYPE.value)),
+          flush=True)
+  if "decode" in _MODE.value:
+    for result in benchmark.decode_benchmark(
+        **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
+        beams=[int(b) for b in _BEAMS.value]):
+      print(json.dumps(result), flush=True)
+  if _PROFILE.value:
+    for result in benchmark.profile_benchmarks(
+        **sizes, batch=_BATCH.value, length=_LENGTH.value, dtype=_DTYPE.value,
+        decode_batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
+        beams=[int(b) for b in _BEAMS.value], modes=_MODE.value):
+      print(json.dumps(result), flush=True)

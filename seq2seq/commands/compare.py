@@ -1,0 +1,58 @@
+r"""Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
+
+  seq2seq-compare runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR] \
+      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...]
+
+Evaluates each run's best checkpoint on val, --split and every --test_set with
+beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
+seq2seq-evaluate takes them) and writes comparison.md, comparison.csv
+(columns: the config fields that differ between the runs, then per set BLEU,
+chrF, a 95% interval and the paired bootstrap p-value), seeds.csv (when runs
+differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
+length.png, bleu.png, curves.png and attention.png to --out (default: the first
+run's parent directory). Runs are named by their path below the runs' common
+parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0).
+
+Evaluations are cached in <run>/eval/compare/ under everything that decides
+them (the checkpoint steps "best" names now and their weights, --beam_size,
+--alpha, the decoding lengths, the run's config and vocabulary, the sentences):
+a run trained further, another --alpha or another file is evaluated again, and
+the numbers are those seq2seq-evaluate --checkpoint=best would give with the
+same settings. Its own outputs (<run>/eval/<name>.best.beam<k>.*) are not read.
+"""
+
+from pathlib import Path
+
+from absl import flags
+
+from seq2seq.cli import run_main
+from seq2seq.compare import compare_runs, parse_test_set
+from seq2seq.errors import UserError
+
+_BASELINE = flags.DEFINE_string("baseline", "", "Run the others are tested against"
+                                " (default: the first).")
+_SPLIT = flags.DEFINE_enum("split", "test", ["val", "test"], "Split of the table's test columns.")
+_OUT = flags.DEFINE_string("out", "", "Output directory.")
+_BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of every evaluation.")
+_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent of every evaluation.")
+_SAMPLES = flags.DEFINE_integer("bootstrap_samples", 1000, "Paired bootstrap resamples.")
+_TEST_SETS = flags.DEFINE_multi_string("test_set", [], "NAME=SRC,REF: score every run on these"
+                                       " files too (repeatable).")
+
+
+def main(argv):
+  runs = argv[1:]
+
+  def compare():
+    if not runs:
+      raise UserError("Pass the run directories to compare, e.g. runs/rnn_attention/*.")
+    out = _OUT.value or str(Path(runs[0]).parent)
+    test_sets = [parse_test_set(spec) for spec in _TEST_SETS.value]
+    rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
+                        test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
+                        n_samples=_SAMPLES.value)
+    print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
+    print(f"{len(rows)} runs; wrote comparison.md, comparison.csv, length.csv, length.png,"
+          f" bleu.png, curves.png, attention.png to {out}")
+
+  run_main(compare)

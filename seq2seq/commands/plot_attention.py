@@ -1,0 +1,32 @@
+r"""Draws the attention of a run's model translating one sentence.
+
+  seq2seq-plot-attention --workdir=runs/m30k_transformer \
+      --text="A little girl climbs into a wooden playhouse." [--out=attention.png]
+
+The RNN's alignment, or the Transformer's cross-attention per layer and head,
+with subword labels on the axes.
+"""
+
+from absl import flags
+
+from seq2seq.cli import define_run_flags, run_main
+from seq2seq.plots import image_path
+from seq2seq.translator import Translator, plot_alignment
+
+_RUN = define_run_flags()
+_TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)
+_OUT = flags.DEFINE_string("out", "", "Picture to write, PNG unless the suffix names another"
+                           " format (default: <workdir>/attention.png).")
+
+
+def main(argv):
+  del argv
+
+  def plot():
+    workdir = _RUN["workdir"].value
+    out = image_path(_OUT.value or f"{workdir}/attention.png", "--out")  # Before any work.
+    translator = Translator(workdir, _RUN["checkpoint"].value,
+                            beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value)
+    print(f"wrote {plot_alignment(translator, _TEXT.value, out)}")
+
+  run_main(plot)

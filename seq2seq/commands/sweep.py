@@ -1,0 +1,36 @@
+r"""Trains the cross product of config values, one workdir per combination.
+
+  seq2seq-sweep --config=configs/multi30k_rnn.py \
+      --sweep=model.attention=none,dot,general,concat,location [--sweep=train.seed=0,1,2] \
+      --root=runs/rnn_attention [--parallel=N] [--config.train.num_steps=400]
+
+Finished runs are skipped, unfinished ones resume, and failures are listed at
+the end without stopping the others (exit status 1 if any failed).
+"""
+
+import sys
+
+from absl import flags
+
+from seq2seq.cli import define_config_flag, run_main
+from seq2seq.sweep import run_sweep
+
+_CONFIG = define_config_flag()
+_SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeat for a cross product).")
+_ROOT = flags.DEFINE_string("root", None, "Directory holding one workdir per combination.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs trained at once (separate processes).")
+flags.mark_flags_as_required(["config", "root"])
+
+
+def main(argv):
+  del argv
+
+  def sweep():
+    status = run_sweep(_CONFIG.value, _SWEEP.value, _ROOT.value, _PARALLEL.value)
+    width = max(map(len, status))
+    for name, result in status.items():
+      print(f"{name:<{width}}  {result}")
+    if any(result.startswith("failed") for result in status.values()):
+      sys.exit(1)
+
+  run_main(sweep)

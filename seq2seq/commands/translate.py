@@ -1,0 +1,69 @@
+"""Translates text with a run's checkpoint: one output line per input line.
+
+  echo "A dog runs on the beach." | seq2seq-translate --workdir=runs/m30k_transformer
+  seq2seq-translate --workdir=DIR --input=in.en --output=out.de [--beam_size=4]
+
+Empty input lines give empty output lines. Typed at a terminal, each line is
+translated as soon as it is entered. With --nbest=N > 1 the output is in
+Moses n-best format, `index ||| translation ||| score`, N lines per input line.
+--sample [--temperature=T --top_k=K --seed=S] samples instead of searching.
+--ensemble=DIR[,DIR...] decodes with other runs of the same vocabulary as one
+model, and --checkpoint=ensemble:N with the run's last N checkpoints.
+"""
+
+import sys
+
+from absl import flags
+
+from seq2seq.cli import define_run_flags, run_main
+from seq2seq.textio import as_lines, check_output, read_lines, write_lines
+from seq2seq.translator import Translator
+
+_RUN = define_run_flags(ensemble=True)
+_NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
+_SAMPLE = flags.DEFINE_bool("sample", False, "Sample translations instead of searching.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling: softmax temperature.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling: only the k likeliest tokens (0: all).")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling: random seed.")
+_INPUT = flags.DEFINE_string("input", "-", "Input file ('-': standard input).")
+_OUTPUT = flags.DEFINE_string("output", "-", "Output file ('-': standard output).")
+
+
+def _output_lines(translated: list, first_index: int = 0) -> list[str]:
+  """The output lines of translated inputs: the best translation, or the n-best list."""
+  if _NBEST.value == 1:
+    return [nbest[0][0] for nbest in translated]
+  return [f"{index} ||| {text} ||| {score:.4f}"
+          for index, nbest in enumerate(translated, start=first_index) for text, score in nbest]
+
+
+def main(argv):
+  del argv
+
+  def translate():
+    if _OUTPUT.value != "-":
+      check_output(_OUTPUT.value, "--output")
+    # Typed at a terminal, each line is answered as it comes; otherwise all at once.
+    interactive = _INPUT.value == "-" and _OUTPUT.value == "-" and sys.stdin.isatty()
+    lines = [] if interactive else read_lines(_INPUT.value if _INPUT.value != "-"
+                                              else "/dev/stdin", "--input")
+    translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
+                            beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
+                            nbest=_NBEST.value,
+                            sample_seed=_SEED.value if _SAMPLE.value else None,
+                            temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+                            ensemble=_RUN["ensemble"].value)
+    if interactive:
+      print("Type a sentence and Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
+      for index, line in enumerate(sys.stdin):
+        out = _output_lines(translator.translate([line.rstrip("\r\n")]), index)
+        sys.stdout.write(as_lines(out))
+        sys.stdout.flush()
+      return
+    out = _output_lines(translator.translate(lines))
+    if _OUTPUT.value == "-":
+      sys.stdout.write(as_lines(out))
+    else:
+      write_lines(_OUTPUT.value, out)
+
+  run_main(translate, interrupted="no output was written")

@@ -1,0 +1,295 @@
+"""The training loop's actions: what runs after a train step, each when it is due.
+
+In the spirit of clu's periodic actions and t5x's TerminateOnNanAction and
+EarlyStoppingAction, the driver (`train._train`) dispatches the steps and calls these:
+the progress bar, the divergence (non-finite) check, the train record, validation with its
+checkpoint, the periodic checkpoint, patience, and stops agreed across processes. Each owns
+one job; the driver owns their order and what the run returns.
+"""
+
+import collections
+import logging
+import math
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import tqdm
+
+from seq2seq import signals
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.errors import UserError
+from seq2seq.full_disk import full_disk_error
+from seq2seq.metrics_writer import MetricsWriter
+from seq2seq.train_state import learning_rate_schedule
+
+log = logging.getLogger("seq2seq")
+
+MAX_STEPS_AHEAD = 2  # Train steps dispatched but not finished, at most.
+
+
+def _every(steps: int, done: int, num_steps: int) -> bool:
+  """Whether an action every `steps` steps (and after the last) runs after step `done`."""
+  return done % steps == 0 or done == num_steps
+
+
+class Progress:
+  """The progress bar (process 0's only). It counts finished steps, asking without waiting:
+  no host sync per step. It also keeps dispatch at most MAX_STEPS_AHEAD steps ahead."""
+
+  def __init__(self, start: int, num_steps: int):
+    self.bar = tqdm.tqdm(total=num_steps, initial=start, unit="step", dynamic_ncols=True,
+                         mininterval=2.0, disable=jax.process_index() != 0)
+    self.unshown = collections.deque()  # Dispatched steps not yet counted by the bar.
+
+  def dispatched(self, metrics: dict) -> None:
+    """A train step was dispatched; `metrics` are its (future) metrics."""
+    self.unshown.append(metrics["tokens"])
+    while self.unshown and self.unshown[0].is_ready():
+      self.unshown.popleft()
+      self.bar.update(1)
+    if len(self.unshown) > MAX_STEPS_AHEAD:
+      # Dispatch runs at most this far ahead of the device: a signal stops within a few
+      # steps, the bar stays current, and queued batches do not pile up in memory.
+      self.unshown.popleft().block_until_ready()
+      self.bar.update(1)
+
+  def logged(self, done: int, record: dict) -> None:
+    """Every step up to `done` has finished (its record was fetched)."""
+    self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+    self.bar.update(done - self.bar.n)
+    self.unshown.clear()
+
+  def write(self, line: str) -> None:
+    self.bar.write(line)
+
+  def close(self) -> None:
+    self.bar.close()
+
+
+class Interval:
+  """The steps since the last train record: their metrics, and when their training began."""
+
+  def __init__(self):
+    self.restart()
+
+  def restart(self) -> None:
+    self.metrics, self.checked, self.start = [], 0, time.perf_counter()
+
+  def unchecked(self) -> list[dict]:
+    """The metrics not yet checked, fetched to the host once: they stay there for the log.
+    `metrics[:checked]` are on the host and known finite."""
+    self.metrics[self.checked:] = jax.device_get(self.metrics[self.checked:])
+    fetched = self.metrics[self.checked:]
+    self.checked = len(self.metrics)
+    return fetched
+
+
+def diverged(what: str, step: int, last_checkpoint: int | None) -> UserError:
+  """The error that ends a diverged run: what was not finite, and where to resume from."""
+  where = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
+           else "no checkpoint was saved yet")
+  return UserError(f"The {what} at step {step}; {where}. Lower config.train.learning_rate or"
+                   " raise config.train.warmup_steps.")
+
+
+class TerminateOnNonFinite:
+  """Stops training at the first unchecked step whose loss or gradient norm is not finite:
+  its update spoiled the parameters. Called before anything is saved, so that no checkpoint
+  holds a diverged state."""
+
+  def __init__(self, interval: Interval, checkpoints: Checkpoints):
+    self.interval, self.checkpoints = interval, checkpoints
+
+  def __call__(self, done: int) -> None:
+    """Checks the interval's unchecked steps, the last of which is `done`."""
+    fetched = self.interval.unchecked()
+    last_checkpoint = self.checkpoints.latest_step()
+    for i, m in enumerate(fetched):
+      loss, grad_norm = float(m["loss"]), float(m["grad_norm"])
+      if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise diverged(f"training loss is {loss} (gradient norm {grad_norm})",
+                       done - len(fetched) + i + 1, last_checkpoint)
+
+
+def train_record(metrics: list[dict], elapsed: float, learning_rate: float) -> dict:
+  """The log record of an interval's steps (their metrics on the host)."""
+  summed = jax.tree.map(lambda *xs: float(sum(xs)), *metrics)
+  tokens = max(summed["tokens"], 1.0)
+  return {"loss": summed["loss"] / tokens, "nll": summed["nll"] / tokens,
+          "grad_norm": summed["grad_norm"] / len(metrics), "learning_rate": learning_rate,
+          "tokens_per_sec": summed["tokens"] / elapsed,
+          "tokens_per_step": summed["tokens"] / len(metrics)}  # Real target tokens.
+
+
+class TrainLog:
+  """Every config.train.log_every_steps: the interval's train record, to the metrics and
+  the progress bar."""
+
+  def __init__(self, t: ml_collections.ConfigDict, writer: MetricsWriter, progress: Progress,
+               interval: Interval):
+    self.every_steps, self.num_steps = t.log_every_steps, t.num_steps
+    self.schedule = learning_rate_schedule(t)
+    self.writer, self.progress, self.interval = writer, progress, interval
+
+  def due(self, done: int) -> bool:
+    return _every(self.every_steps, done, self.num_steps)
+
+  def __call__(self, done: int) -> None:
+    record = train_record(self.interval.metrics, time.perf_counter() - self.interval.start,
+                          float(self.schedule(done - 1)))  # The rate of the interval's last step.
+    self.writer.write(done, "train", record)
+    self.progress.logged(done, record)
+    self.interval.restart()
+
+
+class ValidateAndSave:
+  """Every config.eval.every_steps: validation, then the checkpoint with its metrics (which
+  `best` and patience read). A diverged validation loss stops the run instead."""
+
+  def __init__(self, trainer, checkpoints: Checkpoints, writer: MetricsWriter,
+               progress: Progress, interval: Interval):
+    self.trainer, self.checkpoints = trainer, checkpoints
+    self.writer, self.progress, self.interval = writer, progress, interval
+    self.every_steps = trainer.config.eval.every_steps
+    self.num_steps = trainer.config.train.num_steps
+    self.split = trainer.config.eval.split
+    self.train_start = time.perf_counter()
+
+  def due(self, done: int) -> bool:
+    return _every(self.every_steps, done, self.num_steps)
+
+  def __call__(self, state, done: int) -> dict:
+    """The validation metrics of step `done`, with `step` and `train_wall_seconds`."""
+    train_wall_seconds = time.perf_counter() - self.train_start
+    result = {"step": done, **self.trainer.evaluate(state.params)}
+    if not math.isfinite(result["loss"]):  # Finite training losses, diverged parameters.
+      raise diverged(f"{self.split} loss is {result['loss']}", done,
+                     self.checkpoints.latest_step())
+    result["train_wall_seconds"] = train_wall_seconds
+    self._write(done, result)
+    self.checkpoints.save(done, state, metrics={"bleu": result["bleu"], "loss": result["loss"]})
+    if self.writer.enabled:  # tqdm.write prints even where the bar is disabled.
+      self.progress.write(f"step {done}: {self.split} loss {result['loss']:.3f} BLEU"
+                          f" {result['bleu']:.2f} ({result['bleu_signature']})")
+    self.interval.start = time.perf_counter()  # Evaluation time is not training throughput.
+    return result
+
+  def _write(self, done: int, result: dict) -> None:
+    try:
+      self.writer.write(done, self.split, result)
+    except OSError as e:  # The checkpoint would not fit either.
+      workdir = self.checkpoints.directory.parent
+      error = full_disk_error(e, f"writing the {self.split} metrics of step {done} in {workdir}",
+                              self.checkpoints.latest_step())
+      if error is None:
+        raise
+      raise error from e
+
+
+class PeriodicSave:
+  """Every config.checkpoint.every_steps (0: never), a checkpoint without metrics: kept by
+  the LatestN policy only, e.g. for --checkpoint=avg:N."""
+
+  def __init__(self, every_steps: int, checkpoints: Checkpoints):
+    self.every_steps, self.checkpoints = every_steps, checkpoints
+
+  def due(self, done: int) -> bool:
+    return bool(self.every_steps) and done % self.every_steps == 0
+
+  def __call__(self, state, done: int) -> None:
+    self.checkpoints.save(done, state)
+
+
+def evaluations_without_improvement(checkpoints: Checkpoints, step: int,
+                                    every_steps: int) -> int:
+  """Evaluations in (best step, `step`]: evaluations happen at multiples of `every_steps`,
+  so this is a function of the checkpoints alone and a resumed run counts as it would have."""
+  best = checkpoints.best_step()
+  return 0 if best is None else step // every_steps - best // every_steps
+
+
+class EarlyStopping:
+  """Patience (config.train.patience, 0: none): the run stops once validation BLEU has not
+  improved for that many evaluations. Read from the checkpoints' metrics alone, so a resumed
+  run stops where the uninterrupted one would have."""
+
+  def __init__(self, config: ml_collections.ConfigDict, checkpoints: Checkpoints):
+    self.patience, self.every_steps = config.train.patience, config.eval.every_steps
+    self.checkpoints = checkpoints
+
+  def exhausted(self, step: int) -> bool:
+    """Whether the evaluations up to `step` end the run."""
+    return bool(self.patience) and evaluations_without_improvement(
+        self.checkpoints, step, self.every_steps) >= self.patience
+
+  def message(self, step: int) -> str:
+    best = self.checkpoints.best_step()
+    bleu = self.checkpoints.manager.metrics(best)["bleu"]
+    return (f"Stopped early at step {step}: validation BLEU has not improved for"
+            f" {self.patience} evaluations (config.train.patience); the best is {bleu:.2f} at"
+            f" step {best}.")
+
+
+class AgreedStop:
+  """SIGINT/SIGTERM during the loop: every process stops after the same step
+  (`signals.StopSignals`), with a checkpoint of it."""
+
+  def __init__(self, checkpoints: Checkpoints, workdir: Path):
+    self.checkpoints, self.workdir = checkpoints, workdir
+    self.signals = signals.StopSignals()
+
+  def before_start(self, start: int) -> None:
+    """A signal during start-up, on any process, ends the run before its first step."""
+    if early := self.signals.agreed(start, boundary=True):
+      raise signals.Interrupted(early)
+
+  def agreed(self, done: int, boundary: bool) -> str | None:
+    """The signal to stop after step `done` (read once: one arriving later stops a later
+    step); `boundary`: a step that logs, evaluates or saves, where several processes always
+    compare their records."""
+    return self.signals.agreed(done, boundary)
+
+  def __call__(self, state, done: int, received: str) -> None:
+    """Saves step `done` (unless validation just did) and says how to resume."""
+    if self.checkpoints.latest_step() != done:
+      self.checkpoints.save(done, state)
+    log.info("Received %s: saved a checkpoint at step %d in %s; run the same command to"
+             " resume.", received, done, self.workdir)
+
+
+class LoopActions:
+  """One run's actions and what they share: the metrics writer, the progress bar and the
+  interval's metrics. As a context, it closes them and restores the signal handlers."""
+
+  def __init__(self, trainer, checkpoints: Checkpoints, workdir: Path, start: int):
+    config = trainer.config
+    self.writer = MetricsWriter(workdir, start)
+    self.progress = Progress(start, config.train.num_steps)
+    self.interval = Interval()
+    self.check_finite = TerminateOnNonFinite(self.interval, checkpoints)
+    self.train_log = TrainLog(config.train, self.writer, self.progress, self.interval)
+    self.validate = ValidateAndSave(trainer, checkpoints, self.writer, self.progress,
+                                    self.interval)
+    self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
+    self.early_stopping = EarlyStopping(config, checkpoints)
+    try:
+      self.stop = AgreedStop(checkpoints, workdir)  # Last: from here, signals are recorded.
+    except BaseException:
+      self.progress.close()
+      self.writer.close()
+      raise
+
+  def dispatched(self, metrics: dict) -> None:
+    """A train step was dispatched; `metrics` are its (future) metrics."""
+    self.interval.metrics.append(metrics)
+    self.progress.dispatched(metrics)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.stop.signals.restore()
+    self.progress.close()
+    self.writer.close()

@@ -1,0 +1,186 @@
+"""The trainer: what a run needs, built once from its config, and its validation.
+
+Construction goes job by job: the text, the tokenizer, the device mesh and shardings, the
+batches, the initial train state (its shapes and shardings) and the jitted programs.
+Batches and dropout keys are functions of the step, so a resumed run sees exactly what the
+uninterrupted run would have.
+"""
+
+import functools
+import math
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from seq2seq import compiling, distributed, layout, metrics, steps, translator
+from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
+from seq2seq.train_state import TrainState, make_optimizer, new_train_state
+
+VOCAB_SEED = 0  # Seeds SentencePiece: runs that differ in train.seed share a vocabulary.
+
+
+def _read_text(config: ml_collections.ConfigDict) -> tuple[corpus.ParallelText,
+                                                           corpus.ParallelText]:
+  """The training pairs (the first data.max_train_examples if set) and the validation pairs
+  (the first eval.max_sentences if set)."""
+  train_text = corpus.read_split(config.data, "train")
+  val_text = corpus.read_split(config.data, config.eval.split)
+  if config.eval.max_sentences:
+    n = config.eval.max_sentences
+    val_text = corpus.ParallelText(val_text.src[:n], val_text.tgt[:n])
+  return train_text, val_text
+
+
+def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
+  """Trains the run's SentencePiece model once (process 0), or copies the one of
+  `config.data.vocab_from`; then every process loads it."""
+  if jax.process_index() == 0:
+    if config.data.vocab_from and not (workdir / layout.VOCAB).is_file():
+      tokenizer.copy_vocabulary(Path(config.data.vocab_from), workdir)
+    tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
+                                  config.data.vocab_size, seed=VOCAB_SEED)
+  multihost_utils.sync_global_devices("tokenizer")
+  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / layout.VOCAB)
+
+
+def _sharded_size(abstract_params, params_sharding) -> int:
+  """How many parameters FSDP splits (those not replicated)."""
+  return sum(x.size for x, sharding in zip(jax.tree.leaves(abstract_params),
+                                           jax.tree.leaves(params_sharding), strict=True)
+             if sharding.spec != P())
+
+
+class Trainer:
+  """Everything a run needs, built once: data, model, compiled steps, mesh."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
+    self.config = config
+    train_text, self.val_text = _read_text(config)
+    self.tokenizer = _load_tokenizer(workdir, train_text, config)
+    self.mesh = distributed.make_mesh(config.train.fsdp)
+    self.replicated = NamedSharding(self.mesh, P())
+    self.data_sharding = distributed.batch_sharding(self.mesh)
+    self._make_batches(train_text)
+    state_sharding = self._make_state()
+    self._make_programs(state_sharding)
+
+  def _make_batches(self, train_text: corpus.ParallelText) -> None:
+    """The training batches (this process's rows of each) and the validation batches."""
+    config, d = self.config, self.config.data
+    src, tgt = batching.encode_pairs(self.tokenizer, train_text)
+    self.train_batches = batching.TrainBatches(
+        src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
+        bucket_step=d.bucket_step, seed=config.train.seed,
+        row_multiple=jax.device_count() * config.train.grad_accum_steps,
+        process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
+        num_buckets=d.num_buckets)
+    if config.eval.batch_size % jax.device_count():
+      raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
+                      f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
+    val_src, val_tgt = batching.encode_pairs(self.tokenizer, self.val_text)
+    self.val_batches = batching.eval_batches(
+        val_src, val_tgt, batch_size=config.eval.batch_size, bucket_step=d.bucket_step,
+        max_len=config.model.max_len)
+
+  def _make_state(self):
+    """The initial train state's program, shapes and shardings (parameters split by
+    `distributed.fsdp_sharding`); returns the state's shardings."""
+    config, vocab_size = self.config, self.tokenizer.vocab_size
+    self.optimizer = make_optimizer(config.train)
+
+    def init() -> TrainState:
+      return new_train_state(nnx.split(build_model(config, vocab_size), nnx.Param)[1],
+                             self.optimizer)
+
+    # Initialized inside jit, straight into its shardings: every process computes the
+    # same values, and no host ever holds an unsharded copy.
+    abstract = jax.eval_shape(init)
+    self.graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(config, vocab_size)),
+                                 nnx.Param)
+    state_sharding = jax.tree.map(functools.partial(distributed.fsdp_sharding, self.mesh),
+                                  abstract)
+    self.num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+    self.num_sharded_params = _sharded_size(abstract.params, state_sharding.params)
+    self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
+                               out_shardings=self.replicated)()
+    self.init_state = jax.jit(init, out_shardings=state_sharding)
+    self.abstract_state = jax.tree.map(
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        abstract, state_sharding)
+    return state_sharding
+
+  def _make_programs(self, state_sharding) -> None:
+    """The jitted train step, validation loss and validation search, compiled by `compile`."""
+    config, params_sharding = self.config, state_sharding.params
+    # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
+    by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
+    self.train_step = compiling.Programs("train step", jax.jit(
+        functools.partial(steps.train_step, graphdef=self.graphdef, optimizer=self.optimizer,
+                          label_smoothing=config.train.label_smoothing,
+                          accum_steps=config.train.grad_accum_steps),
+        in_shardings=(state_sharding, self.data_sharding, self.replicated),
+        out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape)
+    self.eval_step = compiling.Programs("validation loss", jax.jit(
+        functools.partial(steps.eval_step, graphdef=self.graphdef),
+        in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
+        by_batch_shape, plural="validation losses")
+    self.translate_step = translator.search_programs(
+        self.graphdef, config, translator.search_strategy(config.eval.beam_size, config.eval.alpha),
+        name="validation search", jit=dict(in_shardings=(params_sharding, self.data_sharding),
+                                           out_shardings=self.data_sharding))
+
+  def compile(self) -> None:
+    """Lowers every program the run will call and compiles them in parallel (`compiling`):
+    the train step for each batch shape, validation loss and search for each of the
+    split's. `compiling.report` waits for them."""
+    def spec(shape):
+      return jax.ShapeDtypeStruct(shape, np.int32, sharding=self.data_sharding)
+
+    processes = jax.process_count()
+    for rows, length in self.train_batches.shapes:  # This process's rows of each batch.
+      batch = {k: spec((rows * processes, length)) for k in self.train_batches.keys}
+      self.train_step.add(self.abstract_state, batch, self.dropout_key)
+    for batch in self.val_batches:
+      batch = {k: spec(v.shape) for k, v in batch.items() if k != "index"}
+      self.eval_step.add(self.abstract_state.params, batch)
+      self.translate_step.add(self.abstract_state.params, batch["src"])
+
+  def new_state(self) -> TrainState:
+    return self.init_state()
+
+  def to_device(self, local_batch: dict) -> dict:
+    """Process-local numpy rows -> global arrays sharded along the `data` axis."""
+    return {k: jax.make_array_from_process_local_data(self.data_sharding, v)
+            for k, v in local_batch.items() if k != "index"}
+
+  def _local_rows(self, batch: dict) -> dict:
+    """This process's contiguous share of a global (every-process-identical) batch."""
+    p, n = jax.process_index(), jax.process_count()
+    rows = len(batch["src"]) // n
+    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
+
+  def evaluate(self, params) -> dict:
+    """Validation loss/perplexity and sacreBLEU of the configured search."""
+    sums = {"nll": 0.0, "tokens": 0.0}
+    for batch in self.val_batches:
+      out = self.eval_step(params, self.to_device(self._local_rows(batch)))
+      sums = {k: sums[k] + float(out[k]) for k in sums}
+    loss = sums["nll"] / max(sums["tokens"], 1.0)
+
+    def translate(batch):
+      ids, _ = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
+      return np.asarray(multihost_utils.process_allgather(ids[:, 0], tiled=True))
+
+    hypotheses = translator.translate_batches(translate, self.val_batches, self.tokenizer.decode,
+                                            len(self.val_text))
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+            **metrics.bleu(hypotheses, self.val_text.tgt),
+            "example": hypotheses[0]}
