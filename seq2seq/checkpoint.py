@@ -22,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from seq2seq import layout, run_match
+from seq2seq import run_match, workdirs
 from seq2seq.errors import UserError, describe
 from seq2seq.full_disk import full_disk, full_disk_error
 from seq2seq.orbax_logs import ignore_abandoned_orbax_work, quiet
@@ -51,7 +51,7 @@ class Checkpoints:
   """Save, list and restore a run's train states."""
 
   def __init__(self, workdir: str | Path, keep: int):
-    self.directory = Path(workdir).resolve() / layout.CHECKPOINTS
+    self.directory = Path(workdir).resolve() / workdirs.CHECKPOINTS
     preservation = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
         # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
@@ -97,7 +97,7 @@ class Checkpoints:
     with quiet():  # Reading step metadata alone makes orbax warn about its items.
       metadata = self.manager.metadata(step)
     recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
-    run_match.check_vocab(self.directory.parent / layout.VOCAB, step, recorded)
+    run_match.check_vocab(self.directory.parent / workdirs.VOCAB, step, recorded)
 
   def check_params(self, step: int, params_like) -> None:
     """Raises `UserError` if the parameters saved at `step` do not fit `params_like`, or
@@ -116,7 +116,7 @@ class Checkpoints:
         named); the earlier checkpoints are untouched, and the same command resumes.
     """
     self._finish()  # A save still writing fails here, under its own step.
-    fingerprint = vocab_fingerprint(self.directory.parent / layout.VOCAB)
+    fingerprint = vocab_fingerprint(self.directory.parent / workdirs.VOCAB)
     self._unfinished = step
     with self._full_disk_is_user_error():
       self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
@@ -192,7 +192,7 @@ class Checkpoints:
     training holds the run (its lock file exists), one it is still deleting file by file is
     given REMOVAL_WAIT_SECONDS to go."""
     path = self.directory / str(step)
-    training = (self.directory.parent / layout.LOCK).exists()
+    training = (self.directory.parent / workdirs.LOCK).exists()
     deadline = time.monotonic() + (REMOVAL_WAIT_SECONDS if training else 0.0)
     while path.exists():
       if time.monotonic() >= deadline:
@@ -226,17 +226,17 @@ class Checkpoints:
       for bad, error in damaged:
         log.warning("Checkpoint %d in %s cannot be restored (%s); moved it to %s and resumed"
                     " from step %d instead.", bad, self.directory, error,
-                    self.directory.parent / layout.DAMAGED_CHECKPOINTS, step)
+                    self.directory.parent / workdirs.DAMAGED_CHECKPOINTS, step)
       return step, state
     if damaged:
       raise UserError(f"No checkpoint in {self.directory} can be restored (steps"
                       f" {', '.join(str(s) for s, _ in damaged)} are damaged and were moved to"
-                      f" {self.directory.parent / layout.DAMAGED_CHECKPOINTS}); start a new"
+                      f" {self.directory.parent / workdirs.DAMAGED_CHECKPOINTS}); start a new"
                       " --workdir.")
     return None, like
 
   def _move_aside(self, step: int) -> None:
-    target = self.directory.parent / layout.DAMAGED_CHECKPOINTS / str(step)
+    target = self.directory.parent / workdirs.DAMAGED_CHECKPOINTS / str(step)
     target.parent.mkdir(parents=True, exist_ok=True)
     (self.directory / str(step)).rename(target)
     self.manager.reload()  # Forget the step it had listed.

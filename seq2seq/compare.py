@@ -21,7 +21,7 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
-from seq2seq import compare_report, layout
+from seq2seq import compare_report, workdirs
 from seq2seq import config as config_lib
 from seq2seq.compare_eval import TestSet, evaluation, read_test_set
 from seq2seq.compare_stats import paired_bootstrap, seed_aggregate
@@ -120,14 +120,14 @@ def _runs(workdirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
   """The runs to compare, the baseline first (`baseline`, or the first of `workdirs`), each
   checked and its config and training record read before anything is written."""
   workdirs = _check_runs(workdirs)
-  if baseline and not (Path(baseline) / layout.CONFIG).exists():
+  if baseline and not (Path(baseline) / workdirs.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
   check_search(beam_size, alpha)  # Before --out is created.
   baseline = Path(baseline) if baseline else workdirs[0]
   workdirs = [baseline] + [w for w in workdirs if w.resolve() != baseline.resolve()]
   names = run_names(workdirs)
-  configs = [config_lib.from_json((w / layout.CONFIG).read_text(encoding="utf-8"))
+  configs = [config_lib.from_json((w / workdirs.CONFIG).read_text(encoding="utf-8"))
              for w in workdirs]
   records = [_training_record(w) for w in workdirs]
   return [_Run(*run) for run in zip(workdirs, names, configs, records, strict=True)]
@@ -138,7 +138,7 @@ def _check_runs(workdirs: Sequence[str | Path]) -> list[Path]:
   if not workdirs:
     raise UserError("No training runs among the given directories; pass run workdirs.")
   bad = [f"{w} ({_not_a_run(Path(w))})" for w in workdirs
-         if not (Path(w) / layout.CONFIG).is_file()]
+         if not (Path(w) / workdirs.CONFIG).is_file()]
   if bad:
     what = "Not a training run" if len(bad) == 1 else "Not training runs"
     raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that scripts/train.py"
@@ -156,7 +156,7 @@ def _not_a_run(path: Path) -> str:
 
 
 def _training_record(workdir: Path) -> dict:
-  path = workdir / layout.METRICS
+  path = workdir / workdirs.METRICS
   if not path.is_file():
     raise UserError(f"{workdir} has no validation result yet ({path} does not exist); train it"
                     " first.")

@@ -17,13 +17,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.metrics import evaluate_split, output_files
 from seq2seq.run_match import vocab_fingerprint
 from seq2seq.textio import as_lines, read_lines
 from seq2seq.translator import Translator
 
-CACHE = layout.EVAL / "compare"  # compare's own evaluations, relative to the workdir.
+CACHE = workdirs.EVAL / "compare"  # compare's own evaluations, relative to the workdir.
 
 
 class TestSet(NamedTuple):
@@ -74,8 +74,8 @@ def evaluation_key(translator: Translator, sources: Sequence[str],
       "max_decode_len_a": config.eval.max_decode_len_a,
       "max_decode_len_b": config.eval.max_decode_len_b,
       "model.max_len": config.model.max_len, "data.bucket_step": config.data.bucket_step,
-      "config_sha256": _sha256((workdir / layout.CONFIG).read_bytes()),
-      "vocab_sha256": vocab_fingerprint(workdir / layout.VOCAB),
+      "config_sha256": _sha256((workdir / workdirs.CONFIG).read_bytes()),
+      "vocab_sha256": vocab_fingerprint(workdir / workdirs.VOCAB),
       "sentences": len(sources),
       "src_sha256": _sha256(as_lines(sources).encode("utf-8")),
       "ref_sha256": _sha256(as_lines(references).encode("utf-8")),
@@ -112,5 +112,5 @@ def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
       return {k: v for k, v in cached.items() if k != "key"}, hypotheses
   result = evaluate_split(translator, sources, references, prefix)
   # The key last: a kill before this line leaves a result without it, which is not reused.
-  layout.write_atomically(json_path, json.dumps({**result, "key": key}, indent=2) + "\n")
+  workdirs.write_atomically(json_path, json.dumps({**result, "key": key}, indent=2) + "\n")
   return result, read_lines(hyp_path)

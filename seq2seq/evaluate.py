@@ -5,7 +5,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.data import corpus
 from seq2seq.errors import UserError
 from seq2seq.metrics import evaluate_split
@@ -38,7 +38,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
   for spec in candidates:
     if spec != translator.checkpoint:
       translator.load_checkpoint(spec)
-    prefix = workdir / layout.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
+    prefix = workdir / workdirs.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
     found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
   winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
   result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
@@ -83,7 +83,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}" if ensemble else "")
-  prefix = workdir / layout.EVAL / f"{name}.{tag}.beam{beam_size}"
+  prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
   result = evaluate_split(translator, sources, references, prefix, checkpoint)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
   for i in drawn:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.textio import write_lines
 
 
@@ -58,5 +58,5 @@ def evaluate_split(translator, sources: Sequence[str], references: Sequence[str]
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
   hyp_path, json_path = output_files(out_prefix)
   write_lines(hyp_path, hypotheses)
-  layout.write_atomically(json_path, json.dumps(result, indent=2) + "\n")
+  workdirs.write_atomically(json_path, json.dumps(result, indent=2) + "\n")
   return result

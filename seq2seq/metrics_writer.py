@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jax
 
-from seq2seq import layout
+from seq2seq import workdirs
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
@@ -27,7 +27,7 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
   kept = [line for line in lines if step_of(line) <= last_step]
   if len(kept) == len(lines):
     return
-  layout.write_atomically(path, "".join(kept))
+  workdirs.write_atomically(path, "".join(kept))
 
 
 class MetricsWriter:
@@ -38,10 +38,10 @@ class MetricsWriter:
     an earlier checkpoint) are dropped first, so that every step appears once."""
     self.enabled = jax.process_index() == 0
     if self.enabled:
-      _truncate_jsonl(workdir / layout.METRICS, start_step)
+      _truncate_jsonl(workdir / workdirs.METRICS, start_step)
       import tensorboardX  # Only the writing process needs it.
-      self.jsonl = open(workdir / layout.METRICS, "a", encoding="utf-8")  # noqa: SIM115
-      self.tensorboard = tensorboardX.SummaryWriter(str(workdir / layout.TENSORBOARD))
+      self.jsonl = open(workdir / workdirs.METRICS, "a", encoding="utf-8")  # noqa: SIM115
+      self.tensorboard = tensorboardX.SummaryWriter(str(workdir / workdirs.TENSORBOARD))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 
 from seq2seq import config as config_lib
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
 
@@ -26,7 +26,7 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   Raises:
     UserError: naming every differing field, its value in the run and in `config`.
   """
-  path = Path(workdir) / layout.CONFIG
+  path = Path(workdir) / workdirs.CONFIG
   if not path.exists():
     return
   saved = json.loads(path.read_text(encoding="utf-8"))
@@ -45,10 +45,10 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
 def save_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   """Writes `<workdir>/config.json` atomically, and only if it changes (a failed start of
   a finished or mismatched run leaves the file untouched)."""
-  path, text = Path(workdir) / layout.CONFIG, config_lib.to_json(config)
+  path, text = Path(workdir) / workdirs.CONFIG, config_lib.to_json(config)
   if path.exists() and path.read_text(encoding="utf-8") == text:
     return
-  layout.write_atomically(path, text)
+  workdirs.write_atomically(path, text)
 
 
 def check_vocab(path: Path, step: int, recorded: str | None) -> None:
@@ -76,11 +76,11 @@ def check_shapes(workdir: Path, step: int, saved_params: dict, params_like) -> N
   differ = [(n, saved.get(n), model.get(n)) for n in names if saved.get(n) != model.get(n)]
   if not differ:
     return
-  vocab = _vocab_size(workdir / layout.VOCAB)
+  vocab = _vocab_size(workdir / workdirs.VOCAB)
   # Only the vocabulary-sized axis of embedding/output tables differs: a foreign vocabulary.
   rows = [_vocab_axis(s, m, vocab) for _, s, m in differ]
   if vocab is not None and None not in rows and len(set(rows)) == 1:
-    raise UserError(f"{workdir / layout.VOCAB} has {vocab} subwords but the checkpoint at"
+    raise UserError(f"{workdir / workdirs.VOCAB} has {vocab} subwords but the checkpoint at"
                     f" step {step} was trained with {rows[0]} ({differ[0][0]}): the vocabulary"
                     " is not this run's; put back the run's vocab/ or train in a new --workdir.")
   name, in_checkpoint, in_model = differ[0]

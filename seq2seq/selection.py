@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.checkpoint import CheckpointRemoved, Checkpoints
 from seq2seq.errors import UserError
 from seq2seq.train_state import make_optimizer, new_train_state
@@ -17,7 +17,7 @@ from seq2seq.train_state import make_optimizer, new_train_state
 log = logging.getLogger("seq2seq")
 
 
-SELECTION = layout.EVAL / "selected.json"  # Relative to the workdir.
+SELECTION = workdirs.EVAL / "selected.json"  # Relative to the workdir.
 
 
 def selected_checkpoint(workdir: Path) -> str:
@@ -32,7 +32,7 @@ def selected_checkpoint(workdir: Path) -> str:
 
 def record_selection(workdir: Path, result: dict) -> None:
   """Writes the choice that `selected_checkpoint` reads (`evaluate.select_checkpoint`)."""
-  layout.write_atomically(Path(workdir) / SELECTION, json.dumps(result, indent=2) + "\n")
+  workdirs.write_atomically(Path(workdir) / SELECTION, json.dumps(result, indent=2) + "\n")
 
 
 def restore_params(workdir: Path, spec: str, config, params_like):

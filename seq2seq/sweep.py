@@ -15,7 +15,7 @@ from pathlib import Path
 import ml_collections
 
 from seq2seq import config as config_lib
-from seq2seq import layout, main, models
+from seq2seq import main, models, workdirs
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 
@@ -58,7 +58,7 @@ def expand(config: ml_collections.ConfigDict,
 
 
 def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
-  if not (workdir / layout.CHECKPOINTS).is_dir():
+  if not (workdir / workdirs.CHECKPOINTS).is_dir():
     return False
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:
@@ -100,7 +100,7 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
            len(runs) - len(todo), len(todo))
 
   def record(name, stopped=None, error=None):
-    if isinstance(error, layout.WorkdirInUse):  # Another sweep's (or training's) run: not ours.
+    if isinstance(error, workdirs.WorkdirInUse):  # Another sweep's (or training's) run: not ours.
       status[name] = (f"in use by another training ({error.holder}); not trained here: run the"
                       " sweep again once it ends")
     else:

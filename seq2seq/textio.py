@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from pathlib import Path
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.errors import UserError
 
 
@@ -23,8 +23,8 @@ def check_output(path: str | Path, flag: str) -> None:
 
 
 def write_lines(path: str | Path, lines: Sequence[str]) -> None:
-  """Writes one line per entry, whole or not at all (`layout.write_atomically`)."""
-  layout.write_atomically(Path(path), as_lines(lines))
+  """Writes one line per entry, whole or not at all (`workdirs.write_atomically`)."""
+  workdirs.write_atomically(Path(path), as_lines(lines))
 
 
 def read_lines(path: str | Path, flag: str = "") -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from seq2seq import compiling, distributed, layout, models, signals, train_actions
+from seq2seq import compiling, distributed, models, signals, train_actions, workdirs
 from seq2seq import config as config_lib
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
@@ -57,10 +57,10 @@ def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
   """
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.
-  layout.check_writable(workdir)
+  workdirs.check_writable(workdir)
   checkpoints = None
   with full_disk_is_user_error(workdir, lambda: checkpoints and checkpoints.latest_step()):
-    created = jax.process_index() == 0 and layout.create_workdir(workdir)
+    created = jax.process_index() == 0 and workdirs.create_workdir(workdir)
     check_run_config(workdir, config)
     num_steps = config.train.num_steps
     checkpoints = Checkpoints(workdir, config.checkpoint.keep)
@@ -78,13 +78,13 @@ def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
       checkpoints.close()
       return {"step": latest, "complete": True, "early_stopped": True}
 
-    if latest is not None and not (workdir / layout.VOCAB).is_file():
+    if latest is not None and not (workdir / workdirs.VOCAB).is_file():
       checkpoints.close()  # Retraining it would give the checkpoints a vocabulary of chance.
-      raise UserError(f"{workdir / layout.VOCAB} is missing but {workdir} holds checkpoints"
+      raise UserError(f"{workdir / workdirs.VOCAB} is missing but {workdir} holds checkpoints"
                       " trained with it; put it back from a copy of the run, or train in a new"
                       " --workdir.")
     try:
-      with layout.WorkdirLock(workdir, enabled=jax.process_index() == 0):
+      with workdirs.WorkdirLock(workdir, enabled=jax.process_index() == 0):
         finished = False
         try:
           result = _train(config, workdir, checkpoints)

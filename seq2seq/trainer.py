@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from seq2seq import compiling, distributed, layout, metrics, steps, translator
+from seq2seq import compiling, distributed, metrics, steps, translator, workdirs
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -43,12 +43,12 @@ def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
   """Trains the run's SentencePiece model once (process 0), or copies the one of
   `config.data.vocab_from`; then every process loads it."""
   if jax.process_index() == 0:
-    if config.data.vocab_from and not (workdir / layout.VOCAB).is_file():
+    if config.data.vocab_from and not (workdir / workdirs.VOCAB).is_file():
       tokenizer.copy_vocabulary(Path(config.data.vocab_from), workdir)
     tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
                                   config.data.vocab_size, seed=VOCAB_SEED)
   multihost_utils.sync_global_devices("tokenizer")
-  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / layout.VOCAB)
+  return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / workdirs.VOCAB)
 
 
 def _sharded_size(abstract_params, params_sharding) -> int:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from seq2seq import compiling, decoding, layout
+from seq2seq import compiling, decoding, workdirs
 from seq2seq import config as config_lib
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching
@@ -98,7 +98,7 @@ def check_search(beam_size: int, alpha: float, batch_size: int = 1) -> None:
 
 def _check_vocabulary(workdir: Path) -> Path:
   """The run's vocabulary file; `UserError` if it is missing."""
-  vocab = workdir / layout.VOCAB
+  vocab = workdir / workdirs.VOCAB
   if not vocab.is_file():
     raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
                     " they were trained with; put it back from a copy of the run.")
@@ -127,7 +127,7 @@ def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Pat
     checkpoints.close()
   if not n.isdigit() or not 1 <= int(n) <= len(steps):
     raise UserError(f"--checkpoint={checkpoint}: N of ensemble:N must be 1 to {len(steps)}, the"
-                    f" checkpoints {workdir / layout.CHECKPOINTS} holds (steps"
+                    f" checkpoints {workdir / workdirs.CHECKPOINTS} holds (steps"
                     f" {', '.join(map(str, steps))}).")
   return [(workdir, str(step)) for step in steps[-int(n):]]
 
@@ -152,7 +152,7 @@ class Translator:
                sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
                ensemble: Sequence[str | Path] = ()):
     workdir = Path(workdir)
-    config_path = workdir / layout.CONFIG
+    config_path = workdir / workdirs.CONFIG
     if not config_path.exists():
       raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
                       " that scripts/train.py wrote.")
@@ -192,15 +192,15 @@ class Translator:
     fingerprint = tokenizer_fingerprint(vocab)
     configs = []
     for member, _ in members:
-      if not (member / layout.CONFIG).is_file():
+      if not (member / workdirs.CONFIG).is_file():
         raise UserError(f"--ensemble: {member} is not a training run (no config.json); pass the"
                         " --workdir of runs that scripts/train.py wrote.")
-      if tokenizer_fingerprint(member / layout.VOCAB) != fingerprint:
-        raise UserError(f"--ensemble: {member / layout.VOCAB} is not the vocabulary of {workdir}"
+      if tokenizer_fingerprint(member / workdirs.VOCAB) != fingerprint:
+        raise UserError(f"--ensemble: {member / workdirs.VOCAB} is not the vocabulary of {workdir}"
                         " (an ensemble averages the members' probabilities of the same tokens);"
                         " ensemble runs of one vocabulary, such as runs that differ only in"
                         " config.train.seed.")
-      configs.append(config_lib.from_json((member / layout.CONFIG).read_text(encoding="utf-8")))
+      configs.append(config_lib.from_json((member / workdirs.CONFIG).read_text(encoding="utf-8")))
     self.tokenizer = Tokenizer.load(vocab)
     self.checkpoint = checkpoint
     groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).

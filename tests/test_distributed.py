@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from seq2seq import cli, distributed, layout, signals, train
+from seq2seq import cli, distributed, signals, train, workdirs
 from seq2seq.config import base_config
 from tests.conftest import fast_tiny_config
 from tests.test_devices import device_env, train_command, train_losses, train_on
@@ -107,7 +107,7 @@ def test_a_signal_to_one_process_during_start_up_stops_both_before_the_first_ste
   workdir = tmp_path / "two"
   with two_processes(workdir) as processes:
     deadline = time.monotonic() + 240
-    while not (workdir / layout.VOCAB).exists():
+    while not (workdir / workdirs.VOCAB).exists():
       assert time.monotonic() < deadline and processes[0].poll() is None
       time.sleep(0.1)
     processes[1].send_signal(signal.SIGTERM)

@@ -22,8 +22,8 @@ from absl import flags as absl_flags
 from seq2seq import cli, compare, evaluate, plots, sweep, textio, train
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
-from seq2seq.layout import WorkdirLock
 from seq2seq.translator import Translator
+from seq2seq.workdirs import WorkdirLock
 from tests.conftest import ROOT, fast_tiny_config
 from tests.test_cli import ENV, snapshot
 from tests.test_cli import train as train_script

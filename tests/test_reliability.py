@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import async_path
 
-from seq2seq import checkpoint, layout, train
+from seq2seq import checkpoint, train, workdirs
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
-from seq2seq.layout import WorkdirLock
 from seq2seq.metrics_writer import MetricsWriter
 from seq2seq.translator import Translator
+from seq2seq.workdirs import WorkdirLock
 from tests.conftest import ROOT, fast_tiny_config
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -283,7 +283,7 @@ def test_a_checkpoint_removed_while_read_is_read_again_from_the_new_set(
     shutil.rmtree(settled / "checkpoints" / step)
   expected = Translator(settled, "avg:2", beam_size=1)
   if partially:
-    (workdir / layout.LOCK).write_text("host h, pid 1\n")  # The training holds the run.
+    (workdir / workdirs.LOCK).write_text("host h, pid 1\n")  # The training holds the run.
   rotating_while_read(monkeypatch, workdir, later, times=1, partially=partially)
   caplog.set_level(logging.INFO, logger="seq2seq")
   translator = Translator(workdir, "avg:2", beam_size=1)
@@ -334,7 +334,7 @@ def test_a_start_refused_the_lock_leaves_the_new_workdir_of_the_other(tmp_path, 
   if made_by == "this start":  # It saw no workdir (and made it); the other then locks it.
     monkeypatch.setattr(train, "check_run_config", then_the_other_start(train.check_run_config))
   else:  # The other start makes and locks it before this one looks.
-    monkeypatch.setattr(layout, "check_writable", then_the_other_start(layout.check_writable))
+    monkeypatch.setattr(workdirs, "check_writable", then_the_other_start(workdirs.check_writable))
   try:
     with pytest.raises(UserError) as raised:
       train.train_and_evaluate(run_config(), workdir)

@@ -9,8 +9,8 @@ import pytest
 
 from seq2seq import compare, compare_eval, compare_stats, sweep
 from seq2seq.errors import UserError
-from seq2seq.layout import WorkdirLock
 from seq2seq.trainer import Trainer
+from seq2seq.workdirs import WorkdirLock
 from tests.conftest import fast_tiny_config, load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -23,11 +23,11 @@ from seq2seq import train
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
-from seq2seq.layout import WorkdirLock
 from seq2seq.models import ATTENTION_BY_FAMILY, build_model
 from seq2seq.steps import cross_entropy, train_step
 from seq2seq.train_state import learning_rate_schedule, make_optimizer, new_train_state
 from seq2seq.trainer import Trainer
+from seq2seq.workdirs import WorkdirLock
 from tests.conftest import ROOT, damage_checkpoint, fast_tiny_config, load_config
 
 
@@ -342,7 +342,7 @@ def test_a_second_training_in_the_same_workdir_is_refused(tmp_path, tiny_config)
 
 
 def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
-  code = ("import sys, time; from seq2seq.layout import WorkdirLock;"
+  code = ("import sys, time; from seq2seq.workdirs import WorkdirLock;"
           f" lock = WorkdirLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True);"
           " time.sleep(120)")
   holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from seq2seq import layout
+from seq2seq import workdirs
 from seq2seq.errors import UserError
 from seq2seq.signals import raise_if_interrupted
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -165,12 +165,12 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: 
 def copy_vocabulary(source: Path, workdir: Path) -> None:
   """Puts run `source`'s vocabulary in `workdir` (`config.data.vocab_from`): the .vocab first
   and the .model last, each whole (written under a private name, then renamed)."""
-  model = source / layout.VOCAB
+  model = source / workdirs.VOCAB
   if not model.is_file():
     raise UserError(f"config.data.vocab_from={source}: {model} does not exist; pass the workdir"
                     " of a run that has trained its vocabulary.")
   Tokenizer.load(model)  # Refuses one that seq2seq did not write.
-  target = workdir / layout.VOCAB
+  target = workdir / workdirs.VOCAB
   target.parent.mkdir(parents=True, exist_ok=True)
   for ext in (".vocab", ".model"):
     if model.with_suffix(ext).is_file():
@@ -192,7 +192,7 @@ def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vo
   Returns:
     The run's tokenizer.
   """
-  path = Path(workdir) / layout.VOCAB
+  path = Path(workdir) / workdirs.VOCAB
   if path.is_file():
     return Tokenizer.load(path)
   logging.getLogger("seq2seq").info("Training the %d-piece SentencePiece vocabulary on the"

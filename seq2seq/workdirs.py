@@ -9,7 +9,7 @@ Layout (paths relative to the workdir; every module takes them from here):
   metrics.jsonl          one JSON record per log line
   tensorboard/           the same metrics as TensorBoard events
   eval/                  hypotheses and scores of evaluate.py, selected.json
-  .lock                  held by the training process (host, pid)
+  .lock                  while a training process holds the run: its host and pid
 
 One training process per workdir: an exclusive `flock` on `<workdir>/.lock`.
 Two trainings in one workdir would interleave their metrics and overwrite each
