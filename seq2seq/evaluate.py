@@ -31,12 +31,14 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
                     " data; choose on validation data (--split=val), then score the choice"
                     " with --checkpoint=selected --split=test.")
   workdir = Path(workdir)
-  translator = Translator(workdir, candidates[0], beam_size=beam_size, alpha=alpha,
-                          batch_size=batch_size)
-  text = corpus.read_split(translator.config.data, split)
-  found = {}
+  translator, found = None, {}
   for spec in candidates:
-    if spec != translator.checkpoint:
+    # Parameters swap into the compiled search; an ensemble (`ensemble:N`) is another model.
+    if translator is None or "ensemble:" in spec + translator.checkpoint:
+      translator = Translator(workdir, spec, beam_size=beam_size, alpha=alpha,
+                              batch_size=batch_size)
+      text = corpus.read_split(translator.config.data, split)
+    elif spec != translator.checkpoint:
       translator.load_checkpoint(spec)
     prefix = workdir / workdirs.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
     found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
