@@ -1,10 +1,11 @@
 """Compare runs: a table of scores with paired-bootstrap significance, and pictures.
 
-`compare_runs(workdirs, out_dir)` evaluates each run's best checkpoint on
+`compare_runs(run_dirs, out_dir)` evaluates each run's best checkpoint on
 validation and the chosen split (compare_eval.py, which caches the evaluations),
 tests every run against the baseline with sacreBLEU's paired bootstrap
 resampling and aggregates seeds (compare_stats.py), and writes comparison.md,
-comparison.csv, bleu.png, curves.png and attention.png (compare_report.py).
+comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png, bleu.png,
+curves.png and attention.png (compare_report.py).
 Every run is checked, its training record and its test sets read, before
 anything is evaluated or written: a mistake costs no decoding and leaves no file.
 """
@@ -63,10 +64,10 @@ def differing_fields(configs: Sequence) -> list[str]:
   return [n for n in names if len({json.dumps(f.get(n), sort_keys=True) for f in flat}) > 1]
 
 
-def run_names(workdirs: Sequence[str | Path]) -> list[str]:
+def run_names(run_dirs: Sequence[str | Path]) -> list[str]:
   """Each run's name in the table: its path relative to the runs' common parent (`a/s0` and
   `b/s0` stay apart); one run alone is named by its directory."""
-  resolved = [Path(w).resolve() for w in workdirs]
+  resolved = [Path(w).resolve() for w in run_dirs]
   if len(resolved) == 1:
     return [resolved[0].name]
   common = Path(os.path.commonpath(resolved))
@@ -83,11 +84,11 @@ class _Run(NamedTuple):
   record: dict  # `_training_record`
 
 
-def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
+def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
                  split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
                  alpha: float = 0.6, n_samples: int = 1000,
                  attention_text: str = "A man in an orange hat starring at something.") -> list:
-  """Writes the comparison of `workdirs` to `out_dir`; returns the table's rows.
+  """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
 
   Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
   each extra test set; the table's columns are the config fields that differ
@@ -95,7 +96,7 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   paired-bootstrap p-value against the baseline. Runs are named by their path
   below the runs' common parent (`run_names`).
   """
-  runs = _runs(workdirs, baseline, beam_size, alpha)
+  runs = _runs(run_dirs, baseline, beam_size, alpha)
   fields = differing_fields([run.config for run in runs])
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
   texts = _texts(runs, sets)
@@ -115,36 +116,36 @@ def compare_runs(workdirs: list[str | Path], out_dir: str | Path, *, baseline: s
   return rows
 
 
-def _runs(workdirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
+def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
           alpha: float) -> list[_Run]:
-  """The runs to compare, the baseline first (`baseline`, or the first of `workdirs`), each
+  """The runs to compare, the baseline first (`baseline`, or the first of `run_dirs`), each
   checked and its config and training record read before anything is written."""
-  workdirs = _check_runs(workdirs)
+  run_dirs = _check_runs(run_dirs)
   if baseline and not (Path(baseline) / workdirs.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
   check_search(beam_size, alpha)  # Before --out is created.
-  baseline = Path(baseline) if baseline else workdirs[0]
-  workdirs = [baseline] + [w for w in workdirs if w.resolve() != baseline.resolve()]
-  names = run_names(workdirs)
+  baseline = Path(baseline) if baseline else run_dirs[0]
+  run_dirs = [baseline] + [w for w in run_dirs if w.resolve() != baseline.resolve()]
+  names = run_names(run_dirs)
   configs = [config_lib.from_json((w / workdirs.CONFIG).read_text(encoding="utf-8"))
-             for w in workdirs]
-  records = [_training_record(w) for w in workdirs]
-  return [_Run(*run) for run in zip(workdirs, names, configs, records, strict=True)]
+             for w in run_dirs]
+  records = [_training_record(w) for w in run_dirs]
+  return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]
 
 
-def _check_runs(workdirs: Sequence[str | Path]) -> list[Path]:
+def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
   """The given run workdirs, each once; a path that is not a run is a `UserError` naming it."""
-  if not workdirs:
+  if not run_dirs:
     raise UserError("No training runs among the given directories; pass run workdirs.")
-  bad = [f"{w} ({_not_a_run(Path(w))})" for w in workdirs
+  bad = [f"{w} ({_not_a_run(Path(w))})" for w in run_dirs
          if not (Path(w) / workdirs.CONFIG).is_file()]
   if bad:
     what = "Not a training run" if len(bad) == 1 else "Not training runs"
     raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that scripts/train.py"
                     " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
   unique = {}
-  for w in workdirs:
+  for w in run_dirs:
     unique.setdefault(Path(w).resolve(), Path(w))
   return list(unique.values())
 
