@@ -1,30 +1,30 @@
 """The default main job: a small Transformer on Multi30k en->de, tuned for an hour on a laptop CPU.
 
-  python scripts/train.py --config=configs/multi30k_transformer.py \
-      --workdir=runs/m30k_transformer
+  seq2seq-train --config=configs/multi30k_transformer.py --workdir=runs/m30k_transformer
 
 The recipe (docs/recipe.md has the exploration behind it): d=128, 4+4 pre-LN
 layers, 4 heads, MLP 512, dropout 0.1, a 5,000-piece joint vocabulary,
 4,096-token packed batches (about 3,800 real target tokens each, one shape to
 compile), 4,000 steps (about 30 epochs) at a peak learning rate of 2e-3 with a
 linear decay to zero, validation every 1,000 steps, and a checkpoint every 100
-steps so that the last ones can be averaged (`scripts/evaluate.py
+steps so that the last ones can be averaged (`seq2seq-evaluate
 --checkpoint=avg:5`).
 
-Measured on the 2-core development CPU, AVX-512 host (README's results table):
-36.26 validation BLEU (greedy, logged at step 4,000) in 50 min 17 s of wall
-time; then
+Expected result (README's results table), measured on the 2-core development CPU, where
+`seq2seq-benchmark --mode=train --layers=4 --dim=128 --heads=4 --mlp=256 --batch=128
+--length=32` takes 0.59 s a step: 36.26 validation BLEU (greedy, logged at step 4,000)
+in 50 min 17 s of wall time; then
 
-  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=val \
+  seq2seq-evaluate --workdir=runs/m30k_transformer --split=val \
       --checkpoint=best,avg:3,avg:5 --beam_size=4 --alpha=0.6
-  python scripts/evaluate.py --workdir=runs/m30k_transformer --split=test \
+  seq2seq-evaluate --workdir=runs/m30k_transformer --split=test \
       --checkpoint=selected --beam_size=4 --alpha=0.6
 
 choose avg:5 (37.18 validation BLEU) and score 37.94 on test_2016_flickr
-(38.34 lowercase). The same development machine has also been an AVX2 host
-about half as fast; there these 4,000 steps take about 100 minutes, and
-`--config.train.num_steps=2400 --config.eval.every_steps=800` is what fits the
-hour (61 min 52 s measured, 36.47 test BLEU, 36.90 lowercase, with avg:3).
+(38.34 lowercase). On a CPU half as fast (1.11 s for that benchmark) these 4,000
+steps take about 100 minutes, and `--config.train.num_steps=2400
+--config.eval.every_steps=800` is what fits the hour (61 min 52 s, 36.47 test BLEU,
+36.90 lowercase, with avg:3).
 """
 
 from seq2seq.config import base_config

@@ -1,22 +1,22 @@
 """The published small-Transformer recipe for Multi30k en->de (Wu et al., ACL 2021): 41.02 BLEU.
 
-  python scripts/train.py --config=configs/multi30k_transformer_wu2021.py \
-      --workdir=runs/m30k_wu2021
-  python scripts/evaluate.py --workdir=runs/m30k_wu2021 --split=val \
+  seq2seq-train --config=configs/multi30k_transformer_wu2021.py --workdir=runs/m30k_wu2021
+  seq2seq-evaluate --workdir=runs/m30k_wu2021 --split=val \
       --checkpoint=best,avg:10 --beam_size=5 --alpha=0.6
-  python scripts/evaluate.py --workdir=runs/m30k_wu2021 --split=test \
+  seq2seq-evaluate --workdir=runs/m30k_wu2021 --split=test \
       --checkpoint=selected --beam_size=5 --alpha=0.6
 
 4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, shared embeddings, Adam at
 5e-3 with 2,000 warmup steps and inverse-square-root decay, label smoothing
 0.1, about 8,192 (padded) tokens per update for 8,000 updates, beam 5, and the
 average of the last 10 checkpoints. Here the batches are packed: 6,656 slots
-hold the ~6,100 real target tokens that 8,192 padded ones held unpacked. The
+hold the ~6,100 real target tokens that 8,192 padded ones hold unpacked. The
 paper reports 41.02 test_2016_flickr BLEU (lowercased, Moses-tokenized
-references). Unpacked, on one H100, the commands above scored 40.35 BLEU
-(40.73 lowercase) on test_2016_flickr; the packed recipe has not been run on a
-GPU yet. On the 2-core development CPU its steps take about 1.1 s (AVX-512 host),
-so 8,000 of them take hours there.
+references). With unpacked batches of 8,192 padded tokens, on one H100, the
+commands above score 40.35 BLEU (40.73 lowercase) on test_2016_flickr; the packed
+recipe has no GPU measurement. On the 2-core development CPU of
+configs/multi30k_transformer.py a step takes about 1.1 s, so 8,000 of them take hours
+there.
 """
 
 from seq2seq.config import base_config

@@ -1,7 +1,7 @@
 """A seconds-scale model for tests and smoke runs (Transformer; RNN with family=rnn).
 
-  python scripts/train.py --config=configs/tiny.py --workdir=runs/tiny
-  python scripts/train.py --config=configs/tiny.py --workdir=runs/tiny_rnn \
+  seq2seq-train --config=configs/tiny.py --workdir=runs/tiny
+  seq2seq-train --config=configs/tiny.py --workdir=runs/tiny_rnn \
       --config.model.family=rnn --config.model.attention=general
 
 Trains on the first 2,000 Multi30k en->de pairs for 40 steps in well under a

@@ -1,14 +1,14 @@
 """Transformer base on WMT14 English->German (Vaswani et al., 2017, Table 3 "base").
 
-  python scripts/train.py --config=configs/wmt14_ende_transformer_base.py \
+  seq2seq-train --config=configs/wmt14_ende_transformer_base.py \
       --workdir=runs/wmt14_ende_base
-  python scripts/evaluate.py --workdir=runs/wmt14_ende_base --split=test --checkpoint=avg:5 \
+  seq2seq-evaluate --workdir=runs/wmt14_ende_base --split=test --checkpoint=avg:5 \
       --beam_size=4 --alpha=0.6
 
 Target: 27.3 BLEU on newstest2014 (the paper's number: tokenized BLEU after
 splitting German compounds, with the average of the last 5 checkpoints, beam 4,
-alpha 0.6; sacreBLEU on detokenized text, which evaluate.py reports, comes out
-somewhat lower). Not yet reproduced here: it needs the full 100k steps on GPUs
+alpha 0.6; sacreBLEU on detokenized text, which seq2seq-evaluate reports, comes out
+somewhat lower). Not reproduced here: it needs the full 100k steps on GPUs
 (the paper: 12 hours on 8 P100s).
 
 Data: TFDS `wmt14_translate/de-en` (4.5M pairs, downloaded and prepared by TFDS

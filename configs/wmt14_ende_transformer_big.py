@@ -1,13 +1,13 @@
 """Transformer big on WMT14 English->German (Vaswani et al., 2017, Table 3 "big").
 
-  python scripts/train.py --config=configs/wmt14_ende_transformer_big.py \
+  seq2seq-train --config=configs/wmt14_ende_transformer_big.py \
       --workdir=runs/wmt14_ende_big
-  python scripts/evaluate.py --workdir=runs/wmt14_ende_big --split=test --checkpoint=avg:20 \
+  seq2seq-evaluate --workdir=runs/wmt14_ende_big --split=test --checkpoint=avg:20 \
       --beam_size=4 --alpha=0.6
 
 Target: 28.4 BLEU on newstest2014 (the paper's number: tokenized BLEU after
 splitting German compounds, with the average of the last 20 checkpoints, beam
-4, alpha 0.6; sacreBLEU on detokenized text comes out somewhat lower). Not yet
+4, alpha 0.6; sacreBLEU on detokenized text comes out somewhat lower). Not
 reproduced here: it needs 300k steps on GPUs (the paper: 3.5 days on 8 P100s).
 
 Everything is `configs/wmt14_ende_transformer_base.py` (data, vocabulary, ~25k

@@ -4,18 +4,17 @@ XLA's CPU runtime allocates every step's buffers (activations, gradients,
 logits) with malloc and frees them at the end of the step. glibc serves large
 blocks with mmap and unmaps them when freed, and trims the heap tops it frees,
 so each step faults its memory in again, page by page, with the kernel zeroing
-every page: on the 2-core development machine the default recipe's training step
-took about 250,000 page faults (1 GB faulted in) and a fifth of its CPU time in
-the kernel, and ran about 1.4x slower (README, "Speed on the 2-core CPU").
+every page: a training step on a CPU then spends much of its time in the kernel
+(docs/performance.md, "Host memory", has the measurements).
 `keep_freed_memory()` sets glibc's `mallopt` so that blocks come from one heap
 that is never trimmed (no mmap, no trim threshold, one arena that every thread
 reuses): the first step faults the memory in, later steps reuse it. The price
-is memory: the process keeps its peak until it exits, and the heap fragments
-(the default recipe holds 6 GB instead of 1.8).
+is memory: the process keeps its peak until it exits, and the heap fragments,
+so it holds several times the memory it would with glibc's defaults.
 
-The scripts call it first, before XLA starts its threads. It does nothing where
-the C library is not glibc, or where the environment sets SEQ2SEQ_SYSTEM_MALLOC=1
-(to compare, or where memory is tighter than time).
+Every command calls it first (`seq2seq.main.prepare_process`), before XLA starts its
+threads. It does nothing where the C library is not glibc, or where the environment
+sets SEQ2SEQ_SYSTEM_MALLOC=1 (to compare, or where memory is tighter than time).
 """
 
 import ctypes

@@ -1,8 +1,8 @@
 """Speed at fixed shapes: training throughput with FLOPs and MFU, and decoding speed.
 
-Every function returns plain dicts (one per measurement) for JSON lines; the
-script `scripts/benchmark.py` prints them. Timings keep the best of several
-calls after a compiling one, so a noisy machine shows its fastest steady state.
+Every function returns plain dicts (one per measurement) for JSON lines;
+`seq2seq-benchmark` (seq2seq/commands/benchmark.py) prints them. Timings keep the best
+of several calls after a compiling one, so a noisy machine shows its fastest steady state.
 """
 
 import functools

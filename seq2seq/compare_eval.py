@@ -5,7 +5,7 @@ that decides it (`evaluation_key`): the checkpoint steps "best" names now and a 
 their parameters, the search, the decoding lengths, the run's config and vocabulary, and the
 sha256 of the source and reference texts. A cached result is used only when its key is the
 one asked for, so a run trained further, another --alpha or another file of the same name is
-evaluated again; the files scripts/evaluate.py writes
+evaluated again; the files seq2seq-evaluate writes
 (`<workdir>/eval/<name>.<checkpoint>.beam<k>.*`) are never read.
 """
 
@@ -88,7 +88,7 @@ def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
   """The run's scores on `test_set` (best checkpoint) and its hypotheses.
 
   Read from compare's cache when one was written under the same `evaluation_key`, otherwise
-  evaluated as scripts/evaluate.py does (`evaluate_split`) and cached under that key.
+  evaluated as seq2seq-evaluate does (`evaluate_split`) and cached under that key.
   `translator` (of "best", `beam_size`, `alpha`) and `text` (sources, references) are built
   when not given.
   """

@@ -370,20 +370,20 @@ def to_json(config: ml_collections.ConfigDict) -> str:
   return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
-# Fields that changed what a run computes when they were added: the value that a run saved
-# before then was trained with (other new fields' defaults keep the old behaviour).
+# A saved config that lacks a field was trained as with this value of it, where that is not
+# the field's default; a lacking field not listed here computes what its default computes.
 BEFORE_FIELD = {("data", "num_buckets"): 0}
 
 
 def saved_value(saved: dict, section: str, key: str, default):
-  """Field `section.key` of a saved run config (a dict from its JSON); `default` if the run
-  predates the field and the field changed nothing."""
+  """Field `section.key` of a saved run config (a dict from its JSON). Where the saved config
+  lacks the field: `BEFORE_FIELD`'s value for it, else `default`."""
   return saved.get(section, {}).get(key, BEFORE_FIELD.get((section, key), default))
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
-  """A saved run config over the base config: fields added since the run keep defaults
-  (or, where the field changed what runs compute, `BEFORE_FIELD`'s value)."""
+  """A saved run config over the base config: fields the saved config lacks take their
+  defaults (or `BEFORE_FIELD`'s value, where the default computes something else)."""
   config = base_config()
   saved = json.loads(text)
   for (section, key), value in BEFORE_FIELD.items():

@@ -103,7 +103,7 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   for `max_len` from the first step copies and reads slots that nothing has
   written yet. Each phase costs one more compiled copy of the step, so phases
   are no shorter than `shortest` steps: shorter ones cost more compile time
-  than they save (README, "Speed on the 2-core CPU").
+  than they save (docs/performance.md).
   """
   lengths = [max_len]
   while lengths[0] // 2 >= shortest:

@@ -1,8 +1,8 @@
 """The one exception type for a user's mistake.
 
-A `UserError` carries a single line that names the problem and the fix. The
-command-line scripts print it (no traceback unless --verbose) and exit with
-status 2; anything else that escapes is a bug in seq2seq.
+A `UserError` carries a single line that names the problem and the fix. Every
+command prints it (`cli.run_main`, `cli.parse_flags`: no traceback unless --verbose)
+and exits with status 2; anything else that escapes is a bug in seq2seq.
 """
 
 

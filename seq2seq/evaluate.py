@@ -42,6 +42,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
       translator.load_checkpoint(spec)
     prefix = workdir / workdirs.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
     found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
+    log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", spec, found[spec], prefix, prefix)
   winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
   result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
             "bleu": found}

@@ -18,7 +18,7 @@ shares, and time the function itself with the benchmark.
 `dots_alone` re-runs every matrix product of the optimized HLO by itself, at
 its shapes and dimension numbers, and reports each one's rate: the function's
 matmul floor on this machine, and which products XLA runs slower than the rest
-(how the transposed weight gradients of `models/linear.py` were found).
+(such as a weight gradient with a transposed operand, which `models/linear.py` avoids).
 """
 
 import collections
@@ -153,7 +153,7 @@ def profile_ops(fn, *args, calls: int = 3, top: int = 12) -> dict:
   compiled = fn.lower(*args).compile()  # Traced below as classified: compiled once.
   hlo = compiled.as_text()
   kinds = classify(hlo)
-  alone = dots_alone(hlo)  # Before tracing: after it, the same dots ran ~15% slower.
+  alone = dots_alone(hlo)  # Before tracing: after a trace, the same dots run slower.
   jax.block_until_ready(compiled(*args))
   with tempfile.TemporaryDirectory() as tmp:
     with jax.profiler.trace(tmp):

@@ -55,12 +55,13 @@ def check_vocab(path: Path, step: int, recorded: str | None) -> None:
   """Raises `UserError` if the vocabulary at `path` is missing or is not the one whose
   fingerprint the checkpoint at `step` recorded (None: it recorded none, nothing to check)."""
   if recorded is None:
-    return  # Saved before fingerprints were recorded.
+    return  # A checkpoint without a fingerprint in its metadata: nothing to compare.
   found = vocab_fingerprint(path)
   if found is None:
     raise UserError(f"{path} is missing: the checkpoint at step {step} only works with the"
                     " vocabulary it was trained with; put it back from a copy of the run.")
-  if recorded not in (found, _bytes_sha256(path)):  # Checkpoints saved before content ones.
+  # The content's fingerprint, or the file's sha256 that some checkpoints carry instead.
+  if recorded not in (found, _bytes_sha256(path)):
     raise UserError(f"{path} is not the vocabulary the checkpoint at step {step} was trained"
                     f" with (sha256 {found[:12]}..., recorded {recorded[:12]}...); put back the"
                     " run's vocab/ or train in a new --workdir.")
@@ -130,6 +131,7 @@ def vocab_fingerprint(path: Path) -> str | None:
 
 
 def _bytes_sha256(path: Path) -> str:
-  """sha256 of a file's bytes: what checkpoints recorded as the vocabulary's fingerprint
-  before it was taken over the content."""
+  """sha256 of a file's bytes: the vocabulary fingerprint some checkpoints carry instead of
+  `vocab_fingerprint`'s (which hashes the content, so that a vocabulary trained again
+  matches), accepted as well."""
   return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -56,8 +56,9 @@ def raise_if_interrupted() -> None:
 def exit_on_signals() -> None:
   """Until a command installs its own handlers: SIGINT/SIGTERM print one line and exit 130.
 
-  The scripts call this before their slow imports (JAX, TensorFlow), where Python's own
-  KeyboardInterrupt can be swallowed by an import-time callback; nothing exists yet to clean.
+  `seq2seq.main` calls this before a command's slow imports (JAX, TensorFlow), where
+  Python's own KeyboardInterrupt can be swallowed by an import-time callback; nothing exists
+  yet to clean.
   """
   def leave(signum, frame):
     del frame
@@ -110,7 +111,7 @@ class StopSignals:
     reaching only some of them (or at different steps) stops all at the same step instead
     of sending some into a checkpoint save and the others into the next train step.
     """
-    # Imported here: the scripts import this module before the slow imports.
+    # Imported here: `seq2seq.main` imports this module before the slow imports.
     import jax
     import numpy as np
     from jax.experimental import multihost_utils

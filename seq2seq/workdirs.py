@@ -8,7 +8,7 @@ Layout (paths relative to the workdir; every module takes them from here):
   damaged_checkpoints/   newest checkpoints that no longer read back, moved aside
   metrics.jsonl          one JSON record per log line
   tensorboard/           the same metrics as TensorBoard events
-  eval/                  hypotheses and scores of evaluate.py, selected.json
+  eval/                  hypotheses and scores of seq2seq-evaluate, selected.json
   .lock                  while a training process holds the run: its host and pid
 
 One training process per workdir: an exclusive `flock` on `<workdir>/.lock`.

@@ -18,7 +18,8 @@ them (the checkpoint steps "best" names now and their weights, --beam_size,
 --alpha, the decoding lengths, the run's config and vocabulary, the sentences):
 a run trained further, another --alpha or another file is evaluated again, and
 the numbers are those seq2seq-evaluate --checkpoint=best would give with the
-same settings. Its own outputs (<run>/eval/<name>.best.beam<k>.*) are not read.
+same settings. seq2seq-evaluate's own outputs (<run>/eval/<name>.best.beam<k>.*) are not
+read.
 """
 
 from pathlib import Path

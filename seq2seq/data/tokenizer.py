@@ -1,4 +1,4 @@
-"""SentencePiece training and loading; the special token ids are defined here only.
+"""SentencePiece training and loading, with the special ids of `seq2seq.special_ids` reserved.
 
 One joint (source + target) unigram vocabulary is trained on the training split
 once per run and stored in the workdir, so evaluating a run always uses its own

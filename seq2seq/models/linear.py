@@ -4,10 +4,10 @@
 `dot_general`. Its value is the same as the 2-D product of
 `x.reshape(-1, in)`, but its gradient with respect to the kernel is not: JAX
 differentiates the 3-D form into a product contracting two axes (batch and
-length), which XLA:CPU lays out with a transposed operand and multiplies at
-about half the rate of a plain `[in, N] x [N, out]` product (README, "Speed on
-the 2-core CPU": those weight gradients were a third of the train step's matmul
-time). Flattening first makes every weight gradient that plain product.
+length), which XLA:CPU lays out with a transposed operand and multiplies well below
+the rate of a plain `[in, N] x [N, out]` product; weight gradients are a large share
+of a train step's matmuls (docs/performance.md, "Where the time goes on a CPU").
+Flattening first makes every weight gradient that plain product.
 """
 
 import functools

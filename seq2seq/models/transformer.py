@@ -1,6 +1,6 @@
 """Transformer encoder-decoder (Vaswani et al., 2017) in Flax NNX.
 
-The model exposes the interface shared by every family (DESIGN.md):
+The model exposes the interface shared by every family (`interface.Seq2SeqModel`):
 `encode`, teacher-forced `decode`, and `init_cache` / `decode_step` for
 autoregressive decoding. `encode` also projects the cross-attention keys and
 values of every decoder layer, once per sentence, so decoding steps never
