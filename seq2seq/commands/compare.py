@@ -22,6 +22,7 @@ same settings. seq2seq-evaluate's own outputs (<run>/eval/<name>.best.beam<k>.*)
 read.
 """
 
+import time
 from pathlib import Path
 
 from absl import flags
@@ -49,11 +50,13 @@ def main(argv):
       raise UserError("Pass the run directories to compare, e.g. runs/rnn_attention/*.")
     out = _OUT.value or str(Path(runs[0]).parent)
     test_sets = [parse_test_set(spec) for spec in _TEST_SETS.value]
+    start = time.time()
     rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
                         test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
                         n_samples=_SAMPLES.value)
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
-    print(f"{len(rows)} runs; wrote comparison.md, comparison.csv, length.csv, length.png,"
-          f" bleu.png, curves.png, attention.png to {out}")
+    written = sorted(p.name for p in Path(out).iterdir()
+                     if p.is_file() and p.stat().st_mtime >= start)
+    print(f"{len(rows)} runs; wrote {', '.join(written)} to {out}")
 
   run_main(compare)
