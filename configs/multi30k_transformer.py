@@ -10,21 +10,21 @@ linear decay to zero, validation every 1,000 steps, and a checkpoint every 100
 steps so that the last ones can be averaged (`seq2seq-evaluate
 --checkpoint=avg:5`).
 
-Expected result (README's results table), measured on the 2-core development CPU, where
-`seq2seq-benchmark --mode=train --layers=4 --dim=128 --heads=4 --mlp=256 --batch=128
---length=32` takes 0.59 s a step: 36.26 validation BLEU (greedy, logged at step 4,000)
-in 50 min 17 s of wall time; then
+Expected result (README's results table, docs/recipe.md), on the 2-core development CPU,
+where `seq2seq-benchmark --mode=train --layers=4 --dim=128 --heads=4 --mlp=256 --batch=128
+--length=32` takes 0.59 s a step: about 36.4 validation BLEU (greedy, logged at step
+4,000) in 50-75 minutes of wall time (50 min 17 s alone on the machine); then
 
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=val \
       --checkpoint=best,avg:3,avg:5 --beam_size=4 --alpha=0.6
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=test \
       --checkpoint=selected --beam_size=4 --alpha=0.6
 
-choose avg:5 (37.18 validation BLEU) and score 37.94 on test_2016_flickr
-(38.34 lowercase). On a CPU half as fast (1.11 s for that benchmark) these 4,000
-steps take about 100 minutes, and `--config.train.num_steps=2400
---config.eval.every_steps=800` is what fits the hour (61 min 52 s, 36.47 test BLEU,
-36.90 lowercase, with avg:3).
+choose `best` (38.14 validation BLEU with beam 4, seed 0) and score 37.62 on
+test_2016_flickr (38.05 lowercase). Two seeds (--config.train.seed=1 in another
+workdir) ensembled with `--ensemble` score 38.58 (39.03 lowercase). On a CPU half as
+fast (1.11 s for that benchmark) 4,000 steps take about 100 minutes, and
+`--config.train.num_steps=2400 --config.eval.every_steps=800` fits the hour.
 """
 
 from seq2seq.config import base_config
