@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 # Allocates, fills and frees a 64 MiB block ten times with malloc (as XLA:CPU does a step's
 # buffers) and prints the page faults of the last nine, after `keep_freed_memory()` or not.

@@ -3,7 +3,6 @@ being killed (SIGKILL) or stopped (SIGTERM) at a random step and resumed."""
 
 import ast
 import json
-import os
 import random
 import re
 import signal
@@ -18,37 +17,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 from seq2seq.checkpoint import Checkpoints
-from tests.conftest import ROOT
-
-FAST = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
-        "--config.data.bucket_step=16", "--config.eval.max_sentences=8",
-        "--config.eval.batch_size=8", "--config.eval.max_decode_len_a=1.0",
-        "--config.eval.max_decode_len_b=0"]
-
-
-def train_command(workdir, *overrides) -> list[str]:
-  return [sys.executable, str(ROOT / "scripts" / "train.py"),
-          f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST, *overrides]
-
-
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
-
-
-def train(workdir, *overrides):
-  return subprocess.run(train_command(workdir, *overrides), capture_output=True, text=True,
-                        env=ENV, timeout=300)
-
-
-def snapshot(directory) -> dict:
-  """Every file under `directory`: its bytes and modification time."""
-  directory = Path(directory)
-  return {str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
-          for p in sorted(directory.rglob("*")) if p.is_file()}
+from tests.helpers import ENV, ROOT, console_scripts, snapshot, train_command, train_script
 
 
 def test_override_reaches_model_and_finished_run_is_not_retrained(tmp_path):
   workdir = tmp_path / "run"
-  first = train(workdir, "--config.train.num_steps=4", "--config.eval.every_steps=4",
+  first = train_script(workdir, "--config.train.num_steps=4", "--config.eval.every_steps=4",
                 "--config.model.emb_dim=48", "--config.model.num_heads=3")
   assert first.returncode == 0, first.stderr[-3000:]
   assert json.loads((workdir / "config.json").read_text())["model"]["emb_dim"] == 48
@@ -59,20 +33,11 @@ def test_override_reaches_model_and_finished_run_is_not_retrained(tmp_path):
   checkpoints.close()
 
   before = snapshot(workdir)
-  second = train(workdir, "--config.train.num_steps=4", "--config.eval.every_steps=4",
+  second = train_script(workdir, "--config.train.num_steps=4", "--config.eval.every_steps=4",
                  "--config.model.emb_dim=48", "--config.model.num_heads=3")
   assert second.returncode == 0, second.stderr[-3000:]
   assert "is complete" in second.stderr
   assert snapshot(workdir) == before
-
-
-def test_bad_value_is_one_line_error(tmp_path):
-  result = train(tmp_path / "run", "--config.model.num_heads=5")
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines() == [
-      "error: config.model.emb_dim=32 is not divisible by config.model.num_heads=5;"
-      " choose sizes where it is."]
-  assert not (tmp_path / "run").exists()
 
 
 def test_sigterm_saves_a_checkpoint_at_the_current_step_and_exits_cleanly(tmp_path):
@@ -140,7 +105,7 @@ def latest_checkpoint(workdir) -> int | None:
 def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
   """SIGTERM at a random step saves that step; SIGKILL at a later random step loses only
   what was not checkpointed; resuming to the end gives the uninterrupted run's exact state."""
-  whole = train(tmp_path / "whole", *RESUMABLE)
+  whole = train_script(tmp_path / "whole", *RESUMABLE)
   assert whole.returncode == 0, whole.stderr[-3000:]
   rng = random.Random(7)  # Seeded: the same steps every time.
   workdir = tmp_path / "run"
@@ -159,7 +124,7 @@ def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
   assert logged_steps(workdir)[-1] < 24, "SIGKILL must interrupt the run, not find it finished"
   killed_at = latest_checkpoint(workdir)
 
-  resumed = train(workdir, *RESUMABLE)
+  resumed = train_script(workdir, *RESUMABLE)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"Resumed {workdir} at step {killed_at}." in resumed.stderr
   assert not (workdir / "damaged_checkpoints").exists()
@@ -172,8 +137,13 @@ SLOW_START = {"tokenizer training": ("seq2seq.data.tokenizer", "spm.SentencePiec
               "compilation": ("seq2seq.compiling", "_compile")}
 
 
-@pytest.mark.parametrize("during", list(SLOW_START))
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+# SIGINT and SIGTERM share one handler (signals.catch_interrupts): by default each start-up
+# stage is interrupted by one of them, and the other two pairs run with -m slow.
+@pytest.mark.parametrize("sig, during", [
+    (signal.SIGINT, "tokenizer training"), (signal.SIGTERM, "compilation"),
+    pytest.param(signal.SIGTERM, "tokenizer training", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, "compilation", marks=pytest.mark.slow)],
+                         ids=lambda x: x.name if isinstance(x, signal.Signals) else x)
 def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig, during):
   """Tokenizer training or compilation that would take ten minutes is interrupted: exit 130,
   one line, and the new workdir is gone (the subprocess would time out if the signal waited
@@ -184,7 +154,7 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig,
   code = (
       "import importlib, operator, os, signal, time\n"
       "from seq2seq import cli, train\n"
-      "from tests.conftest import fast_tiny_config\n"
+      "from tests.helpers import fast_tiny_config\n"
       "def slow(*args, **kwargs):\n"
       f"  os.kill(os.getpid(), signal.{sig.name})\n"
       "  time.sleep(600)\n"
@@ -249,24 +219,34 @@ def test_signals_and_malloc_are_set_up_before_jax_is_imported(call, argv):
       ["exit_on_signals.<locals>.leave", ["keep_freed_memory"]]], result.stderr[-3000:]
 
 
-def test_every_console_script_answers_help():
-  """`seq2seq-<name> --help` prints its command's usage (seq2seq/commands/<name>.py's
-  docstring) and flags, with absl's status for --help (1)."""
-  from tests.test_structure import console_scripts
-
+def answer_help(names) -> None:
+  """`<name> --help`, for each console script of `names` (at once), prints its command's usage
+  (seq2seq/commands/<command>.py's docstring) and flags, with absl's status for --help (1)."""
+  scripts = console_scripts()
   bin_dir = Path(sys.executable).parent
-  missing = [name for name in console_scripts() if not (bin_dir / name).exists()]
+  missing = [name for name in names if not (bin_dir / name).exists()]
   assert not missing, f"{missing} not installed: pip install -e ."
   processes = {name: subprocess.Popen([str(bin_dir / name), "--help"], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=ENV)
-               for name in console_scripts()}
-  for name, target in console_scripts().items():
+               for name in names}
+  for name in names:
     stdout, stderr = processes[name].communicate(timeout=300)
     assert processes[name].returncode == 1, stderr[-3000:]
-    command = ROOT / "seq2seq" / "commands" / f"{target.split(':')[1]}.py"
+    command = ROOT / "seq2seq" / "commands" / f"{scripts[name].split(':')[1]}.py"
     source = command.read_text(encoding="utf-8")
     usage = ast.get_docstring(ast.parse(source))
     assert stdout.startswith(usage) and name in usage, name
     flags = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source)) | {"verbose"}
     assert {flag for flag in flags if f"--{flag}:" not in stdout
             and f"--[no]{flag}:" not in stdout} == set(), name
+
+
+def test_the_train_console_script_answers_help():
+  """One command by default: tests/test_structure.py checks that every console script runs its
+  command the way this one does."""
+  answer_help(["seq2seq-train"])
+
+
+@pytest.mark.slow  # Seven more processes importing JAX at once: about 15 s.
+def test_every_other_console_script_answers_help():
+  answer_help([name for name in console_scripts() if name != "seq2seq-train"])

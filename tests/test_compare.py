@@ -1,5 +1,5 @@
 """compare.py's table: columns from the swept fields, seed statistics, length buckets, test sets,
-evaluations that are never stale, run names, and the refusals."""
+evaluations that are never stale, and run names. (Its refusals are in tests/test_errors.py.)"""
 
 import csv
 import json
@@ -7,20 +7,14 @@ import logging
 import math
 import shutil
 import statistics
-import subprocess
-import sys
 
 import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
 from seq2seq import compare, compare_stats, evaluate, metrics, sweep
-from seq2seq.errors import UserError
 from seq2seq.translator import Translator
-from tests.conftest import ROOT, fast_tiny_config
-from tests.test_cli import ENV
-
-PNG = b"\x89PNG\r\n\x1a\n"
+from tests.helpers import PNG, VAL, fast_tiny_config, metrics_copy, small_run
 
 
 def test_the_columns_are_the_fields_that_differ():
@@ -73,20 +67,6 @@ def test_length_buckets_score_each_bucket_alone():
   assert buckets[3]["bleu"] == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("test2017", "--test_set=test2017 is not NAME=SRC,REF; e.g."
-     " --test_set=test2017=data/test_2017.en,data/test_2017.de."),
-    ("val=a.en,a.de", "--test_set=val=a.en,a.de: 'val' is a split of the runs' corpus; give the"
-     " files another name."),
-    ("t=missing.en,missing.de", "--test_set=t=missing.en,missing.de: missing.en is not a file;"
-     " pass an existing text file."),
-])
-def test_a_bad_test_set_is_one_line(spec, message):
-  with pytest.raises(UserError) as e:
-    compare.parse_test_set(spec)
-  assert str(e.value) == message
-
-
 @pytest.mark.slow
 def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   c = fast_tiny_config()
@@ -123,27 +103,6 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
 
 # --- Runs compared on a corpus of a few sentences: copies of the trained `run` ----------------
 
-VAL = [("A dog runs on the beach.", "Ein Hund rennt am Strand."),
-       ("Two men are playing football in a long green park near the river.",
-        "Zwei Männer spielen Fußball in einem langen grünen Park am Fluss."),
-       ("A woman is cooking.", "Eine Frau kocht.")]
-
-
-def small_run(run, workdir):
-  """A copy of the trained run at `workdir` whose corpus (val and test) is VAL alone: comparing
-  it decodes three sentences. Its checkpoints, vocabulary and metrics are the run's."""
-  corpus = workdir.parent / f"{workdir.name}-corpus"
-  corpus.mkdir(parents=True)
-  for split in ("val", "test"):
-    (corpus / f"{split}.en").write_text("".join(s + "\n" for s, _ in VAL), encoding="utf-8")
-    (corpus / f"{split}.de").write_text("".join(t + "\n" for _, t in VAL), encoding="utf-8")
-  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("eval"))
-  config = json.loads((workdir / "config.json").read_text(encoding="utf-8"))
-  config["data"]["corpus"] = str(corpus)
-  (workdir / "config.json").write_text(json.dumps(config), encoding="utf-8")
-  return workdir
-
-
 def pair(directory, src_lines, ref_lines, name="extra"):
   """`directory/<name>.en` and `.de`: a --test_set's files."""
   directory.mkdir(parents=True, exist_ok=True)
@@ -157,6 +116,7 @@ def scores(row, name):
   return row[f"{name}_bleu"], row[f"{name}_chrf"]
 
 
+@pytest.mark.slow  # Nine comparisons and evaluations: about 15 s.
 def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run, tmp_path):
   workdir = small_run(run, tmp_path / "run")
 
@@ -233,58 +193,6 @@ def test_run_names_are_paths_below_the_common_parent(tmp_path):
   assert compare.run_names([tmp_path / "r", tmp_path / "r" / "more"]) == ["r", "r/more"]
 
 
-def test_paths_that_are_not_runs_are_refused_before_anything_is_written(run, tmp_path):
-  (tmp_path / "notes").mkdir()
-  (tmp_path / "notes.md").write_text("")
-  out = tmp_path / "out"
-  with pytest.raises(UserError) as e:
-    compare.compare_runs([run, tmp_path / "tpyo", tmp_path / "notes", tmp_path / "notes.md"],
-                         out)
-  assert str(e.value) == (
-      f"Not training runs: {tmp_path}/tpyo (does not exist), {tmp_path}/notes (no config.json),"
-      f" {tmp_path}/notes.md (not a directory); pass only the workdirs that scripts/train.py"
-      " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
-  assert not out.exists()
-  assert not (run / "eval" / "compare").exists()
-
-
-@pytest.mark.parametrize("args,expected", [
-    (["{tmp}/tpyo"], "Not a training run: {tmp}/tpyo (does not exist); pass only the workdirs"
-     " that scripts/train.py wrote (each holds config.json), e.g. runs/rnn_attention/*."),
-    (["--alpha=-1"], "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is"
-     " usual)."),  # The flag reaches compare_runs.
-])
-def test_the_command_refuses_in_one_line_with_status_2(run, tmp_path, args, expected):
-  args = [a.format(tmp=tmp_path) for a in args]
-  out = tmp_path / "out"
-  result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), str(run), *args,
-                           f"--out={out}"], capture_output=True, text=True, env=ENV, timeout=300)
-  assert result.returncode == 2
-  assert result.stderr.splitlines() == ["error: " + expected.format(tmp=tmp_path)]
-  assert not out.exists()
-
-
-def test_runs_scored_on_other_sentences_are_refused_before_anything_is_written(run, tmp_path):
-  a = small_run(run, tmp_path / "a")
-  b = small_run(run, tmp_path / "b")
-  (tmp_path / "b-corpus" / "val.de").write_text("Anders.\nAnders.\nAnders.\n", encoding="utf-8")
-  out = tmp_path / "out"
-  with pytest.raises(UserError) as e:
-    compare.compare_runs([a, b], out, split="val")
-  assert str(e.value) == (f"{b} has other val sentences than the baseline {a} (their config.data"
-                          " differs); compare runs of one corpus.")
-  assert not out.exists() and not (a / "eval").exists()
-
-
-def metrics_copy(run, tmp_path, extra: str = "", at: int | None = None):
-  """A directory holding the run's metrics.jsonl, with `extra` appended or inserted before
-  line `at`."""
-  lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-  lines.insert(len(lines) if at is None else at - 1, extra)
-  (tmp_path / "metrics.jsonl").write_text("".join(lines), encoding="utf-8")
-  return tmp_path
-
-
 def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, caplog):
   whole = compare._training_record(run)
   workdir = metrics_copy(run, tmp_path, '{"step": 5, "split": "train", "loss": 3.')
@@ -293,11 +201,3 @@ def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, 
   assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
       (logging.WARNING, f"{workdir}/metrics.jsonl: its last line was cut off (the run was stopped"
        " while writing it?) and is skipped.")]
-
-
-def test_a_broken_metrics_line_before_the_last_is_an_error(run, tmp_path):
-  workdir = metrics_copy(run, tmp_path, '{"step": 3, "split": "tr\n', at=2)
-  with pytest.raises(UserError) as e:
-    compare._training_record(workdir)
-  assert str(e.value) == (f"{workdir}/metrics.jsonl line 2 is not a JSON record (Unterminated"
-                          " string starting at); repair or delete that line.")

@@ -10,7 +10,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from seq2seq import compiling, train
 from seq2seq.translator import Translator
-from tests.conftest import fast_tiny_config
+from tests.helpers import fast_tiny_config
 
 OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_enable_xla_caches")
@@ -144,6 +144,7 @@ def test_counting_tells_compiled_from_cached(fresh_cache):
   assert second.cached == {"jit(fn)": 1} and not second.compiled
 
 
+@pytest.mark.slow  # Two trainings, each compiling six programs into an empty cache: 20-30 s.
 def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fresh_cache,
                                                                              tmp_path, caplog):
   c = fast_tiny_config()

@@ -1,4 +1,5 @@
-"""Config validation: every bad value stops the run with one line naming the fix."""
+"""Config validation and loading: the shipped configs are valid, saved configs read back, and a
+config file runs once. (Each bad value's one-line message: tests/test_errors.py.)"""
 
 import json
 
@@ -7,9 +8,7 @@ from absl import flags
 
 from seq2seq import cli, models
 from seq2seq import config as config_lib
-from seq2seq.errors import UserError
-from tests.conftest import ROOT, load_config
-from tests.test_structure import import_graph
+from tests.helpers import ROOT, import_graph, load_config
 
 
 def check(config) -> None:
@@ -35,69 +34,6 @@ def test_shipped_configs_are_valid(name):
   check(config)
   if config.checkpoint.every_steps:  # Periodic checkpoints exist to be averaged: keep them.
     assert config.checkpoint.keep * config.checkpoint.every_steps >= config.eval.every_steps
-
-
-@pytest.mark.parametrize("family,attention,message", [
-    ("transformer", "location",
-     "config.model.attention='location' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
-    ("transformer", "none",
-     "config.model.attention='none' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
-    ("rnn", "linear",
-     "config.model.attention='linear' is not available for the rnn; use one of:"
-     " none, scaled_dot, dot, general, concat, location."),
-    ("rnn", "bahdanau",
-     "config.model.attention='bahdanau' is not available for the rnn; use one of:"
-     " none, scaled_dot, dot, general, concat, location. (Bahdanau et al.'s additive attention"
-     " is 'concat' here.)"),
-    ("transformer", "Luong",
-     "config.model.attention='Luong' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local. (Luong et al.'s bilinear (general)"
-     " attention is 'general' here.)"),
-    ("transformer", "sutskever",
-     "config.model.attention='sutskever' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
-])
-def test_attention_must_apply_to_the_family(family, attention, message):
-  c = config_lib.base_config()
-  c.model.family, c.model.attention = family, attention
-  config_lib.validate(c)  # The family's checks are the models' own.
-  with pytest.raises(UserError) as e:
-    models.check_config(c)
-  assert str(e.value) == message
-
-
-@pytest.mark.parametrize("section,field,value,message", [
-    ("model", "family", "lstm", "config.model.family='lstm' is not a model family;"
-     " use one of: transformer, rnn."),
-    ("model", "num_heads", 3, "config.model.emb_dim=256 is not divisible by"
-     " config.model.num_heads=3; choose sizes where it is."),
-    ("model", "rnn_cell", "rnn", "config.model.rnn_cell='rnn' is not a cell; use one of:"
-     " lstm, gru."),
-    ("train", "num_steps", 0, "config.train.num_steps=0 must be positive."),
-    ("train", "schedule", "cos", "config.train.schedule='cos' is not a schedule; use one of:"
-     " inverse_sqrt, linear, cosine."),
-    ("model", "dropout_rate", 1.0, "config.model.dropout_rate=1.0 must be in [0, 1)."),
-    ("data", "tgt_lang", "en", "config.data.src_lang and tgt_lang are both 'en';"
-     " choose two different languages."),
-    ("data", "max_len", 300, "config.data.max_len=300 pads to 304 tokens, more than"
-     " config.model.max_len=256; raise model.max_len."),
-])
-def test_bad_values(section, field, value, message):
-  c = config_lib.base_config()
-  c[section][field] = value
-  with pytest.raises(UserError) as e:
-    check(c)
-  assert str(e.value) == message
-
-
-def test_unknown_field_suggests_the_closest():
-  c = config_lib.base_config()
-  c.model["attenton"] = "dot"
-  with pytest.raises(UserError, match=r"Unknown config field model.attenton. Did you mean"
-                     r" 'attention'\?"):
-    config_lib.validate(c)
 
 
 def test_rnn_ignores_the_head_count():

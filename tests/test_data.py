@@ -15,7 +15,7 @@ from seq2seq.config import base_config
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tests.conftest import TFDS_EXTRA
+from tests.helpers import TFDS_EXTRA
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 WORDS = ("ein mann eine frau hund katze läuft sitzt auf dem roten blauen grünen ball"
@@ -94,10 +94,6 @@ def test_load_or_train_trains_once(tmp_path):
   assert second.encode("zwei kinder spielt") == first.encode("zwei kinder spielt")
 
 
-def test_load_missing_model(tmp_path):
-  _raises(str(tmp_path / "nope.model"), tokenizer.Tokenizer.load, tmp_path / "nope.model")
-
-
 # --- corpus ------------------------------------------------------------------
 
 
@@ -125,9 +121,7 @@ def test_multi30k_options():
                         max_train_examples=5)
   assert len(corpus.read_split(config, "train")) == 5
   assert len(corpus.read_split(config, "val")) == 1014  # The limit is for training only.
-  message = _raises("xx", corpus.read_split, _data_config(tgt_lang="xx"), "train")
-  assert "cs, de, en, fr" in message
-  _raises("split", corpus.read_split, _data_config(), "dev")
+  _raises("split", corpus.read_split, _data_config(), "dev")  # Not a split: a caller's mistake.
 
 
 def _write(path: Path, data: bytes):
@@ -143,24 +137,6 @@ def test_local_directory(tmp_path):
   assert text.src == ["a b", "  spaced  ", "line\u2028sep", "", "last"]
   assert text.tgt == ["x", "y ", "z", "", "w"]
   assert len(text) == 5
-
-
-def test_local_directory_errors(tmp_path):
-  config = _data_config(corpus=str(tmp_path))
-  _write(tmp_path / "train.en", b"one\ntwo\nthree\n")
-  message = _raises("train", corpus.read_split, config, "train")
-  assert str(tmp_path / "train.de") in message
-
-  _write(tmp_path / "train.de.gz", b"eins\nzwei\n")
-  message = _raises("3 lines", corpus.read_split, config, "train")
-  assert "2" in message and "train.en" in message and "train.de.gz" in message
-
-  _write(tmp_path / "val.en", b"ok\nfine\n\xff\xfe bad\n")
-  _write(tmp_path / "val.de", b"a\nb\nc\n")
-  message = _raises("line 3", corpus.read_split, config, "val")
-  assert str(tmp_path / "val.en") in message
-
-  _raises("multi30k", corpus.read_split, _data_config(corpus=str(tmp_path / "no")), "train")
 
 
 def test_tensorflow_not_imported_without_tfds():
@@ -350,16 +326,6 @@ def test_eval_batches_cover_split_once():
     for k in ("src", "tgt_in", "tgt_out"):
       assert b[k].shape[1] <= 16 and (b[k] != PAD_ID).sum(axis=1).max() <= 10
   assert sorted(i for b in truncated for i in b["index"] if i >= 0) == list(range(103))
-
-
-def test_tfds_without_the_extra_says_how_to_install_it(monkeypatch):
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # As if not installed.
-  config = _data_config(corpus="tfds:wmt14_translate/de-en", src_lang="en", tgt_lang="de")
-  with pytest.raises(UserError) as e:
-    corpus.read_split(config, "train")
-  assert str(e.value) == ("config.data.corpus='tfds:wmt14_translate/de-en' needs TensorFlow"
-                          " Datasets, an optional extra; install it with pip install -e"
-                          " \".[tfds]\".")
 
 
 def test_bucket_lengths_waste_the_fewest_padded_tokens():

@@ -4,17 +4,22 @@ import contextlib
 import signal
 import socket
 import subprocess
+import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 from absl import flags
 
-from seq2seq import cli, distributed, signals, train, workdirs
-from seq2seq.config import base_config
-from tests.conftest import fast_tiny_config
-from tests.test_devices import device_env, train_command, train_losses, train_on
+from seq2seq import cli, signals, train, workdirs
+from tests.helpers import (
+  DEVICE_RUN,
+  device_env,
+  fast_tiny_config,
+  train_command,
+  train_losses,
+  train_on,
+)
 
 
 def free_port() -> int:
@@ -29,7 +34,7 @@ def two_processes(workdir, *overrides: str):
   both are killed on the way out, whatever the test did."""
   address = f"localhost:{free_port()}"
   processes = [subprocess.Popen(
-      train_command(workdir, f"--config.distributed.coordinator_address={address}",
+      train_command(workdir, *DEVICE_RUN, f"--config.distributed.coordinator_address={address}",
                     "--config.distributed.num_processes=2",
                     f"--config.distributed.process_id={i}", *overrides),
       env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -65,19 +70,31 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
 
 
-def test_initialize_only_when_asked(monkeypatch):
-  calls = []
-  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
-  monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
-  d = base_config().distributed
-  distributed.initialize_distributed(d)
-  assert calls == []  # The default: one process, nothing to join.
-  d.num_processes = 0  # Everything from the environment (JAX_COORDINATOR_ADDRESS, Slurm, ...).
-  distributed.initialize_distributed(d)
-  d.num_processes, d.coordinator_address, d.process_id = 4, "host0:1234", 3
-  distributed.initialize_distributed(d)
-  assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None},
-                   {"coordinator_address": "host0:1234", "num_processes": 4, "process_id": 3}]
+# Joins, in a fresh process, a "cluster" of one process: the default config first (no
+# coordinator: nothing to join), then an address from the config with the process count and
+# id left empty, which jax.distributed must read from the environment (a one-task Slurm job).
+JOIN = """
+import jax
+from seq2seq import distributed
+from seq2seq.config import base_config
+d = base_config().distributed
+distributed.initialize_distributed(d)
+print(jax.distributed.is_initialized())
+d.coordinator_address, d.num_processes, d.process_id = ADDRESS, 0, -1
+distributed.initialize_distributed(d)
+distributed.initialize_distributed(d)  # Joined already: nothing to do.
+print(jax.distributed.is_initialized(), jax.process_count(), jax.process_index())
+"""
+
+
+def test_initialize_joins_only_when_asked_and_reads_what_is_left_empty_from_the_environment():
+  slurm = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "1",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+  result = subprocess.run(
+      [sys.executable, "-c", JOIN.replace("ADDRESS", repr(f"localhost:{free_port()}"))],
+      capture_output=True, text=True, env=dict(device_env(1), **slurm), timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.splitlines() == ["False", "True 1 0"]
 
 
 @pytest.mark.slow  # two training processes

@@ -1,8 +1,6 @@
 """Ensembles: several runs or checkpoints decoding as one model, and runs sharing a vocabulary."""
 
 import functools
-import os
-import shutil
 import subprocess
 import sys
 
@@ -13,14 +11,12 @@ import pytest
 from flax import nnx
 
 from seq2seq import config as config_lib
-from seq2seq import decoding, evaluate, train
+from seq2seq import decoding, train
 from seq2seq.data import tokenizer
 from seq2seq.ensemble import Ensemble, stack
-from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.translator import Translator, search_fn
-from tests.conftest import ROOT, fast_tiny_config
-from tests.test_cli import snapshot
+from tests.helpers import ENV, ROOT, fast_tiny_config
 
 TEXTS = ["A man is riding a bike.", "Two dogs play in the snow near a tree.", "", "A girl."]
 
@@ -54,15 +50,17 @@ def test_the_translate_command_with_its_own_run_as_ensemble_writes_the_same_byte
   source = tmp_path / "in.en"
   source.write_text("\n".join(TEXTS) + "\n")
 
-  def translate(*args):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "translate.py"),
+  def translate(*args):  # Both commands run at once: each spends most of its time starting.
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "translate.py"),
                              f"--workdir={run}", f"--input={source}", *args],
-                            capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            timeout=300)
-    assert result.returncode == 0, result.stderr.decode()[-2000:]
-    return result.stdout
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
 
-  assert translate(f"--ensemble={run}") == translate()
+  outputs = []
+  for process in [translate(f"--ensemble={run}"), translate()]:
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    outputs.append(stdout)
+  assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
 def _models(run, steps):
@@ -100,17 +98,19 @@ def test_one_step_is_the_mean_of_the_members_log_probabilities(run):
                       [stack([p for _, p in transformers]), stack([rnn_params])])
   src = jnp.asarray(np.array([[5, 9, 13, 3], [7, 3, 0, 0]], np.int32))
   tokens = [jnp.array([2, 2]), jnp.array([17, 40]), jnp.array([8, 3])]
-  memory = ensemble.encode(src)
+  # Compiled, as the search runs them (op by op, they take longer to dispatch than to compile).
+  memory = jax.jit(ensemble.encode)(src)
   cache = ensemble.init_cache(memory, 8)
+  ensemble_step = jax.jit(ensemble.decode_step)
   singles = [nnx.merge(g, p) for g, p in members]
-  single_memories = [m.encode(src) for m in singles]
+  single_memories = [jax.jit(m.encode)(src) for m in singles]
   single_caches = [m.init_cache(mem, 8) for m, mem in zip(singles, single_memories, strict=True)]
+  single_steps = [jax.jit(m.decode_step) for m in singles]
   for token_ids in tokens:
-    mean, cache = ensemble.decode_step(memory, cache, token_ids)
+    mean, cache = ensemble_step(memory, cache, token_ids)
     log_probs = []
-    for i, model in enumerate(singles):
-      logits, single_caches[i] = model.decode_step(single_memories[i], single_caches[i],
-                                                   token_ids)
+    for i, step in enumerate(single_steps):
+      logits, single_caches[i] = step(single_memories[i], single_caches[i], token_ids)
       log_probs.append(jax.nn.log_softmax(logits, axis=-1))
     np.testing.assert_allclose(mean, np.mean(log_probs, axis=0), rtol=1e-5, atol=1e-5)
 
@@ -119,10 +119,6 @@ def test_ensemble_n_takes_the_last_n_checkpoints_as_members(run):
   translator = Translator(run, "ensemble:2", beam_size=2)
   assert [member["steps"] for member in translator.steps] == [[2], [4]]
   assert len(translator.translate(TEXTS)) == len(TEXTS)
-  with pytest.raises(UserError) as e:
-    Translator(run, "ensemble:3")
-  assert str(e.value) == (f"--checkpoint=ensemble:3: N of ensemble:N must be 1 to 2, the"
-                          f" checkpoints {run}/checkpoints holds (steps 2, 4).")
 
 
 def test_seeds_share_a_vocabulary_and_their_ensemble_is_neither(run, seed_1):
@@ -135,21 +131,6 @@ def test_seeds_share_a_vocabulary_and_their_ensemble_is_neither(run, seed_1):
     assert [s for n in both for _, s in n] != pytest.approx([s for n in alone for _, s in n])
 
 
-def test_a_member_of_another_vocabulary_is_refused_before_anything_is_written(run, tmp_path):
-  other = tmp_path / "other"
-  c = fast_tiny_config()
-  c.data.vocab_size, c.train.num_steps, c.eval.every_steps = 300, 2, 2
-  train.train_and_evaluate(c, other)
-  before = snapshot(run)
-  with pytest.raises(UserError) as e:
-    evaluate.run_evaluation(run, split="val", ensemble=[str(other)])
-  assert str(e.value) == (
-      f"--ensemble: {other}/vocab/spm.model is not the vocabulary of {run} (an ensemble averages"
-      " the members' probabilities of the same tokens); ensemble runs of one vocabulary, such as"
-      " runs that differ only in config.train.seed.")
-  assert snapshot(run) == before
-
-
 def test_vocab_from_takes_another_runs_vocabulary(run, tmp_path):
   c = config_lib.from_json((run / "config.json").read_text())
   c.data.vocab_from, c.data.vocab_size = str(run), 300  # The size of the copied one counts.
@@ -157,11 +138,3 @@ def test_vocab_from_takes_another_runs_vocabulary(run, tmp_path):
   train.train_and_evaluate(c, tmp_path / "reuse")
   for name in ("spm.model", "spm.vocab"):
     assert (tmp_path / "reuse" / "vocab" / name).read_bytes() == (run / "vocab" / name).read_bytes()
-  c.data.vocab_from = str(tmp_path / "missing")
-  with pytest.raises(UserError) as e:
-    train.train_and_evaluate(c, tmp_path / "new")
-  assert str(e.value) == (f"config.data.vocab_from={tmp_path}/missing: {tmp_path}/missing/vocab/"
-                          "spm.model does not exist; pass the workdir of a run that has trained"
-                          " its vocabulary.")
-  assert not (tmp_path / "new").exists()
-  shutil.rmtree(tmp_path / "reuse")

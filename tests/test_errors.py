@@ -7,6 +7,7 @@ the scripts themselves, to see the single line and exit status 2.
 """
 
 import functools
+import gzip
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -24,9 +26,15 @@ from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.translator import Translator
 from seq2seq.workdirs import WorkdirLock
-from tests.conftest import ROOT, fast_tiny_config
-from tests.test_cli import ENV, snapshot
-from tests.test_cli import train as train_script
+from tests.helpers import (
+  ENV,
+  ROOT,
+  fast_tiny_config,
+  metrics_copy,
+  rescore_one_piece,
+  small_run,
+  snapshot,
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +118,20 @@ def corpus_dir(tmp, files: dict[str, bytes]):
   return str(directory)
 
 
-PREPARED = {}  # Workdir copy -> its snapshot once altered: the command must not change it.
+def state(directory) -> tuple[dict, list[str]]:
+  """What a failed command must leave as it was: every file (snapshot) and every path, so
+  that an empty directory made counts too."""
+  return snapshot(directory), sorted(str(p.relative_to(directory))
+                                     for p in Path(directory).rglob("*"))
+
+
+PREPARED = {}  # A directory a case made -> its state(): the command must not change it.
+
+
+def prepared(directory):
+  """`directory`, made for the case: the test checks that the command leaves it as it is."""
+  PREPARED[directory] = state(directory)
+  return directory
 
 
 def copy_run(run, tmp, alter=lambda copy: None):
@@ -118,8 +139,7 @@ def copy_run(run, tmp, alter=lambda copy: None):
   copy = tmp / "copy"
   shutil.copytree(run, copy)
   alter(copy)
-  PREPARED[copy] = snapshot(copy)
-  return copy
+  return prepared(copy)
 
 
 def edited_config(run, tmp, **model):
@@ -143,6 +163,47 @@ def with_vocab(run, tmp, vocab):
 
 def without_vocab(run, tmp):
   return copy_run(run, tmp, lambda copy: (copy / "vocab" / "spm.model").unlink())
+
+
+def with_rescored_vocab(run, tmp):
+  """A copy of the run whose vocabulary has its size and pieces but one score changed."""
+  return copy_run(run, tmp, lambda copy: rescore_one_piece(copy / "vocab" / "spm.model"))
+
+
+def config_file_trained(tmp, source: str):
+  """scripts/train.py with --config=<a file holding `source`>: flags, then training."""
+  path = tmp / "bad_config.py"
+  path.write_text(source)
+  values = absl_flags.FlagValues()
+  config = cli.define_config_flag(values)
+  cli.parse_flags(["train.py", f"--config={path}"], values)
+  train.train_and_evaluate(config.value, tmp / "new")
+
+
+def without_tfds(fn):
+  """Runs `fn` as if the [tfds] extra were not installed."""
+  with mock.patch.dict(sys.modules, {"tensorflow_datasets": None}):
+    fn()
+
+
+def not_runs(tmp) -> list:
+  """Paths that are not training runs: a typo, a directory without config.json, a file."""
+  (tmp / "notes").mkdir()
+  (tmp / "notes.md").write_text("")
+  return [tmp / "tpyo", tmp / "notes", tmp / "notes.md"]
+
+
+def runs_of_two_corpora(run, tmp) -> list:
+  """Two small copies of the run (three sentences each) whose val references differ."""
+  a, b = small_run(run, tmp / "a"), small_run(run, tmp / "b")
+  (tmp / "b-corpus" / "val.de").write_text("Anders.\nAnders.\nAnders.\n", encoding="utf-8")
+  return [prepared(a), prepared(b)]
+
+
+def with_broken_metrics_line(run, tmp):
+  """A copy of the run whose metrics.jsonl has a cut-off record as its second line."""
+  return copy_run(run, tmp, lambda copy: metrics_copy(run, copy, '{"step": 3, "split": "tr\n',
+                                                      at=2))
 
 
 def config_only(run, tmp):
@@ -201,6 +262,44 @@ CASES = [
      lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
      "config.model.attention='linear' is not available for the rnn; use one of: none,"
      " scaled_dot, dot, general, concat, location."),
+    ("attention of the other family", lambda r, t, v: train_with(
+        t / "new", model__attention="location"),
+     "config.model.attention='location' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
+    ("no attention in a Transformer",
+     lambda r, t, v: train_with(t / "new", model__attention="none"),
+     "config.model.attention='none' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
+    ("an attention by its paper's name", lambda r, t, v: train_with(
+        t / "new", model__family="rnn", model__attention="bahdanau"),
+     "config.model.attention='bahdanau' is not available for the rnn; use one of:"
+     " none, scaled_dot, dot, general, concat, location. (Bahdanau et al.'s additive attention"
+     " is 'concat' here.)"),
+    ("an attention by its paper's name, capitalized", lambda r, t, v: train_with(
+        t / "new", model__attention="Luong"),
+     "config.model.attention='Luong' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local. (Luong et al.'s bilinear (general)"
+     " attention is 'general' here.)"),
+    ("a paper's name for what the family lacks", lambda r, t, v: train_with(
+        t / "new", model__attention="sutskever"),  # 'none', which no Transformer takes: no hint.
+     "config.model.attention='sutskever' is not available for the transformer; use one of:"
+     " scaled_dot, dot, general, concat, linear, local."),
+    ("unknown family", lambda r, t, v: train_with(t / "new", model__family="lstm"),
+     "config.model.family='lstm' is not a model family; use one of: transformer, rnn."),
+    ("unknown cell", lambda r, t, v: train_with(t / "new", model__rnn_cell="rnn"),
+     "config.model.rnn_cell='rnn' is not a cell; use one of: lstm, gru."),
+    ("zero steps", lambda r, t, v: train_with(t / "new", train__num_steps=0),
+     "config.train.num_steps=0 must be positive."),
+    ("unknown schedule", lambda r, t, v: train_with(t / "new", train__schedule="cos"),
+     "config.train.schedule='cos' is not a schedule; use one of: inverse_sqrt, linear, cosine."),
+    ("dropout of 1", lambda r, t, v: train_with(t / "new", model__dropout_rate=1.0),
+     "config.model.dropout_rate=1.0 must be in [0, 1)."),
+    ("one language on both sides", lambda r, t, v: train_with(t / "new", data__tgt_lang="en"),
+     "config.data.src_lang and tgt_lang are both 'en'; choose two different languages."),
+    ("data longer than the model's positions", lambda r, t, v: train_with(
+        t / "new", data__max_len=300),
+     "config.data.max_len=300 pads to 304 tokens, more than config.model.max_len=64; raise"
+     " model.max_len."),
     # Corpus files.
     ("no corpus directory", lambda r, t, v: train_with(t / "new", data__corpus=str(t / "none")),
      "config.data.corpus='{tmp}/none' is not \"multi30k\", \"tfds:<name>\" or an existing"
@@ -220,6 +319,21 @@ CASES = [
         t, {"train.en": b"a\n", "train.de": b"x\n", "val.en": b"", "val.de": b""})),
      "{tmp}/corpus/val.en and {tmp}/corpus/val.de are empty; the val split needs sentence pairs,"
      " one per line."),
+    ("misaligned sides, one gzipped", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
+        t, {"train.en": b"one\ntwo\nthree\n", "train.de.gz": gzip.compress(b"eins\nzwei\n")})),
+     "{tmp}/corpus/train.en has 3 lines but {tmp}/corpus/train.de.gz has 2; the two sides of a"
+     " parallel corpus must have one line per sentence pair."),
+    ("undecodable validation text", lambda r, t, v: train_with(t / "new", data__corpus=corpus_dir(
+        t, {"train.en": b"a\nb\n", "train.de": b"x\ny\n", "val.en": b"ok\nfine\n\xff\xfe bad\n",
+            "val.de": b"a\nb\nc\n"})),
+     "{tmp}/corpus/val.en line 3 is not valid UTF-8; re-encode the file as UTF-8."),
+    ("a language Multi30k lacks", lambda r, t, v: train_with(t / "new", data__tgt_lang="xx"),
+     "Multi30k has no language 'xx'; set config.data.src_lang/tgt_lang to one of: cs, de, en,"
+     " fr."),
+    ("TFDS without its extra", lambda r, t, v: without_tfds(lambda: train_with(
+        t / "new", data__corpus="tfds:wmt14_translate/de-en")),
+     "config.data.corpus='tfds:wmt14_translate/de-en' needs TensorFlow Datasets, an optional"
+     " extra; install it with pip install -e \".[tfds]\"."),
     ("empty after length filtering", lambda r, t, v: train_with(t / "new", data__max_len=2),
      "The training corpus is empty after length filtering (config.data.max_len=2); raise"
      " config.data.max_len."),
@@ -262,6 +376,31 @@ CASES = [
     ("vocabulary missing", lambda r, t, v: Translator(without_vocab(r, t)),
      "{tmp}/copy/vocab/spm.model is missing: the run's checkpoints only work with the vocabulary"
      " they were trained with; put it back from a copy of the run."),
+    ("resume with the vocabulary missing", lambda r, t, v: train_with(without_vocab(r, t)),
+     "{tmp}/copy/vocab/spm.model is missing but {tmp}/copy holds checkpoints trained with it; put"
+     " it back from a copy of the run, or train in a new --workdir."),
+    # Same size, same pieces, one score changed: told apart by the fingerprint of the content.
+    ("translate with a rescored vocabulary",
+     lambda r, t, v: Translator(with_rescored_vocab(r, t), "latest"),
+     "{tmp}/copy/vocab/spm.model is not the vocabulary the checkpoint at step 4 was trained with"
+     " (sha256 {copy_vocab}..., recorded {run_vocab}...); put back the run's vocab/ or train in a"
+     " new --workdir."),
+    ("resume with a rescored vocabulary", lambda r, t, v: train_with(with_rescored_vocab(r, t)),
+     "{tmp}/copy/vocab/spm.model is not the vocabulary the checkpoint at step 4 was trained with"
+     " (sha256 {copy_vocab}..., recorded {run_vocab}...); put back the run's vocab/ or train in a"
+     " new --workdir."),
+    ("no vocabulary file", lambda r, t, v: tokenizer.Tokenizer.load(t / "nope.model"),
+     "SentencePiece model {tmp}/nope.model does not exist; train one with load_or_train() or"
+     " point to an existing .model file."),
+    ("vocab_from a run without a vocabulary",
+     lambda r, t, v: train_with(t / "new", data__vocab_from=str(t / "missing")),
+     "config.data.vocab_from={tmp}/missing: {tmp}/missing/vocab/spm.model does not exist; pass"
+     " the workdir of a run that has trained its vocabulary."),
+    ("an ensemble member of another vocabulary", lambda r, t, v: evaluate.run_evaluation(
+        r, split="val", ensemble=[str(with_vocab(r, t, v))]),
+     "--ensemble: {tmp}/copy/vocab/spm.model is not the vocabulary of {run} (an ensemble averages"
+     " the members' probabilities of the same tokens); ensemble runs of one vocabulary, such as"
+     " runs that differ only in config.train.seed."),
     # Checkpoints.
     ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
      "{tmp} is not a training run (no config.json); pass the --workdir that scripts/train.py"
@@ -271,6 +410,9 @@ CASES = [
     ("no such step", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="12345"),
      "--checkpoint=12345 names no checkpoint of {run}/checkpoints; use latest, best, avg:N or one"
      " of the steps 2, 4."),
+    ("ensemble:N above the checkpoints", lambda r, t, v: Translator(r, "ensemble:3"),
+     "--checkpoint=ensemble:3: N of ensemble:N must be 1 to 2, the checkpoints {run}/checkpoints"
+     " holds (steps 2, 4)."),
     ("too few to average", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:5"),
      "--checkpoint=avg:5 averages 5 checkpoints but {run}/checkpoints holds 2 (steps 2, 4); use"
      " --checkpoint=avg:2 or fewer."),
@@ -323,6 +465,30 @@ CASES = [
                                                                   baseline=t / "missing"),
      "--baseline={tmp}/missing is not a training run (no config.json); pass one of the compared"
      " workdirs."),
+    # compare.py: its --test_set values and the runs it is given.
+    ("--test_set not NAME=SRC,REF", lambda r, t, v: compare.parse_test_set("test2017"),
+     "--test_set=test2017 is not NAME=SRC,REF; e.g."
+     " --test_set=test2017=data/test_2017.en,data/test_2017.de."),
+    ("--test_set named like a split", lambda r, t, v: compare.parse_test_set("val=a.en,a.de"),
+     "--test_set=val=a.en,a.de: 'val' is a split of the runs' corpus; give the files another"
+     " name."),
+    ("--test_set of a missing file",
+     lambda r, t, v: compare.parse_test_set("t=missing.en,missing.de"),
+     "--test_set=t=missing.en,missing.de: missing.en is not a file; pass an existing text"
+     " file."),
+    ("compare paths that are not runs", lambda r, t, v: compare.compare_runs(
+        [r, *not_runs(t)], t / "new"),
+     "Not training runs: {tmp}/tpyo (does not exist), {tmp}/notes (no config.json),"
+     " {tmp}/notes.md (not a directory); pass only the workdirs that scripts/train.py wrote (each"
+     " holds config.json), e.g. runs/rnn_attention/*."),
+    ("compare runs scored on other sentences", lambda r, t, v: compare.compare_runs(
+        runs_of_two_corpora(r, t), t / "new", split="val"),
+     "{tmp}/b has other val sentences than the baseline {tmp}/a (their config.data differs);"
+     " compare runs of one corpus."),
+    ("compare a run with a broken metrics line", lambda r, t, v: compare.compare_runs(
+        [with_broken_metrics_line(r, t)], t / "new"),
+     "{tmp}/copy/metrics.jsonl line 2 is not a JSON record (Unterminated string starting at);"
+     " repair or delete that line."),
     ("a vocabulary seq2seq did not write",
      lambda r, t, v: tokenizer.Tokenizer.load(plain_sentencepiece(t)),
      "{tmp}/plain.model has special ids (pad, unk, bos, eos) = (-1, 0, 1, 2), not (0, 1, 2, 3):"
@@ -338,6 +504,9 @@ CASES = [
      lambda r, t, v: textio.check_output(t / "nodir" / "out.de", "--output"),
      "--output={tmp}/nodir/out.de: the directory {tmp}/nodir does not exist; create it or pass"
      " another path."),
+    ("sweep of a field the config lacks", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["model.atention=dot"], t / "new"),
+     "--sweep=model.atention=dot: config has no field model.atention; see seq2seq/config.py."),
     ("sweep of a field with a value of another type", lambda r, t, v: sweep.run_sweep(
         fast_tiny_config(), ["train.seed=a,b"], t / "new"),
      "--sweep=train.seed=a,b: 'a' is not a whole number; give values of config.train.seed's"
@@ -374,6 +543,10 @@ CASES = [
         "  del c.train.seed\n  return c\n"),
      "{tmp}/bad_config.py's get_config() lacks config.train.seed; start get_config() from"
      " seq2seq.config.base_config() and change what you need."),
+    ("config with a field base_config lacks", lambda r, t, v: config_file_trained(
+        t, "from seq2seq.config import base_config\ndef get_config():\n  c = base_config()\n"
+        "  c.model['attenton'] = 'dot'\n  return c\n"),
+     "Unknown config field model.attenton. Did you mean 'attention'?"),
     ("config not a ConfigDict", lambda r, t, v: config_file(
         t, "def get_config():\n  return {'model': {}}\n"),
      "{tmp}/bad_config.py's get_config() is of type 'dict', not an ml_collections.ConfigDict;"
@@ -400,7 +573,7 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_user_error_is_one_exact_line_and_changes_nothing(run, foreign_vocab, tmp_path, capsys,
                                                           case, expected):
-  before = snapshot(run)
+  before = state(run)
   with pytest.raises((UserError, SystemExit)) as raised:
     case(run, tmp_path, foreign_vocab)
   if raised.type is SystemExit:  # The flag parser prints the line itself, as the CLI does.
@@ -408,36 +581,77 @@ def test_user_error_is_one_exact_line_and_changes_nothing(run, foreign_vocab, tm
     printed = capsys.readouterr().err
   else:
     printed = f"error: {raised.value}\n"  # What cli.run_main prints.
-  assert printed == "error: " + expected.format(run=run, tmp=tmp_path) + "\n"
-  assert snapshot(run) == before
-  assert not (tmp_path / "new").exists()  # A failed start leaves no workdir behind.
-  copy = tmp_path / "copy"
-  if copy.exists():  # Checkpoints are never mistaken for damaged ones and moved.
-    assert snapshot(copy) == PREPARED.pop(copy)
-    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir())
+  fingerprints = {name: (tokenizer.fingerprint(workdir / "vocab" / "spm.model") or "")[:12]
+                  for name, workdir in (("run_vocab", run), ("copy_vocab", tmp_path / "copy"))}
+  assert printed == "error: " + expected.format(run=run, tmp=tmp_path, **fingerprints) + "\n"
+  assert state(run) == before
+  assert not (tmp_path / "new").exists()  # A failed start leaves no workdir (or --out) behind.
+  for directory in [d for d in PREPARED if d.is_relative_to(tmp_path)]:
+    # A copied run's checkpoints are never mistaken for damaged ones and moved, nor is anything
+    # written beside them.
+    assert state(directory) == PREPARED.pop(directory), directory
 
 
 def test_case_names_are_unique():
   assert len({c[0] for c in CASES}) == len(CASES)
+  assert len({c[0] for c in COMMANDS}) == len(COMMANDS)
 
 
-@pytest.mark.parametrize("script,args,expected", [
-    ("train.py", ["--config.model.atention=dot"],
+# The commands themselves: (id, scripts/<name> and its arguments, the exact line it prints with
+# status 2). {run}: the trained run; {tmp}: the command's own directory, holding FILES[id].
+COMMANDS = [
+    ("train.py, a misspelt field",
+     ["train.py", "--config={tiny}", "--workdir={run}", "--config.model.atention=dot"],
      "--config.model.atention is not a config field; did you mean --config.model.attention?"),
-    ("evaluate.py", ["--checkpoint=avg:3"],
+    ("train.py, a size the model cannot take",
+     ["train.py", "--config={tiny}", "--workdir={tmp}/new", "--config.model.num_heads=5"],
+     "config.model.emb_dim=32 is not divisible by config.model.num_heads=5; choose sizes where it"
+     " is."),
+    ("evaluate.py, too few to average", ["evaluate.py", "--workdir={run}", "--checkpoint=avg:3"],
      "--checkpoint=avg:3 averages 3 checkpoints but {run}/checkpoints holds 2 (steps 2, 4); use"
      " --checkpoint=avg:2 or fewer."),
-])
-def test_the_command_prints_one_line_and_exits_with_status_2(run, script, args, expected):
-  before = snapshot(run)
-  if script == "train.py":
-    result = train_script(run, *args)
-  else:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), f"--workdir={run}",
-                             *args], capture_output=True, text=True, env=ENV, timeout=300)
-  assert result.returncode == 2
-  assert result.stderr.splitlines() == ["error: " + expected.format(run=run)]
-  assert snapshot(run) == before
+    ("translate.py, undecodable input",
+     ["translate.py", "--workdir={run}", "--input={tmp}/bad.en", "--output={tmp}/new"],
+     "{tmp}/bad.en line 2 is not UTF-8 (invalid start byte); convert the file to UTF-8."),
+    ("compare.py, not a run", ["compare.py", "{run}", "{tmp}/tpyo", "--out={tmp}/new"],
+     "Not a training run: {tmp}/tpyo (does not exist); pass only the workdirs that"
+     " scripts/train.py wrote (each holds config.json), e.g. runs/rnn_attention/*."),
+    ("compare.py, --alpha reaches the comparison",
+     ["compare.py", "{run}", "--alpha=-1", "--out={tmp}/new"],
+     "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),
+]
+FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"}}
+
+
+@pytest.fixture(scope="module")
+def commands(run, tmp_path_factory):
+  """The state of the run, and every command of COMMANDS, started at once (each spends its
+  time importing): {id: (its process, its directory)}."""
+  before = state(run)
+  started = {}
+  for name, (script, *args), _ in COMMANDS:
+    tmp = tmp_path_factory.mktemp("command")
+    for file, data in FILES.get(name, {}).items():
+      (tmp / file).write_bytes(data)
+    args = [a.format(run=run, tmp=tmp, tiny=ROOT / "configs" / "tiny.py") for a in args]
+    started[name] = subprocess.Popen([sys.executable, str(ROOT / "scripts" / script), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=ENV), tmp
+  yield before, started
+  for process, _ in started.values():
+    process.kill()
+
+
+@pytest.mark.parametrize("name,expected", [(c[0], c[2]) for c in COMMANDS],
+                         ids=[c[0] for c in COMMANDS])
+def test_the_command_prints_one_line_and_exits_with_status_2(run, commands, name, expected):
+  before, started = commands
+  process, tmp = started[name]
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 2, stderr[-3000:]
+  assert stderr.splitlines() == ["error: " + expected.format(run=run, tmp=tmp)]
+  assert state(run) == before
+  assert not (tmp / "new").exists()
 
 
 def test_no_pickle_anywhere():

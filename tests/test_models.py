@@ -8,7 +8,7 @@ from flax import nnx
 
 from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, masks
 from seq2seq.models.transformer import sinusoidal_positions
-from tests.conftest import assert_stepping_matches_decode
+from tests.helpers import assert_stepping_matches_decode
 
 VOCAB = 40
 

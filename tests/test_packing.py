@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import steps, train
+from seq2seq import steps
 from seq2seq.data import batching
-from seq2seq.errors import UserError
-from seq2seq.models import attention, build_model, check_config, masks
+from seq2seq.models import attention, build_model, masks
 from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 40
@@ -110,14 +109,3 @@ def test_packed_batches_give_the_loss_of_the_same_pairs_unpacked(tiny_config, na
   np.testing.assert_allclose(packed["nll"], unpacked["nll"], rtol=1e-5)
 
 
-@pytest.mark.parametrize("family, name", [("rnn", "general"), ("transformer", "linear")])
-def test_packing_is_refused_where_sentences_cannot_be_kept_apart(tmp_path, tiny_config, family,
-                                                                 name):
-  tiny_config.model.family, tiny_config.model.attention = family, name
-  tiny_config.data.pack = True
-  with pytest.raises(UserError, match="config.data.pack"):
-    check_config(tiny_config)  # What the family and its attention declare they can do.
-  with pytest.raises(UserError, match="config.data.pack") as info:
-    train.train_and_evaluate(tiny_config, tmp_path)
-  assert "\n" not in str(info.value)
-  assert not list(tmp_path.iterdir())  # Refused before anything was written.

@@ -22,9 +22,7 @@ from seq2seq.errors import UserError
 from seq2seq.metrics_writer import MetricsWriter
 from seq2seq.translator import Translator
 from seq2seq.workdirs import WorkdirLock
-from tests.conftest import ROOT, fast_tiny_config
-
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+from tests.helpers import ENV, ROOT, full_disk_at, shared_run_config
 
 
 def sha256s(directory: Path) -> dict[str, str]:
@@ -33,32 +31,12 @@ def sha256s(directory: Path) -> dict[str, str]:
           for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def run_config(num_steps: int = 4):
-  """The config of the shared `run` fixture (checkpoints at 2 and 4)."""
-  c = fast_tiny_config()
-  c.train.num_steps, c.eval.every_steps = num_steps, 2
-  return c
-
-
 def resumable_at_2(run, tmp_path) -> Path:
   """A copy of the shared run whose newest checkpoint (4) is gone: it resumes at step 2."""
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir)
   shutil.rmtree(workdir / "checkpoints" / "4")
   return workdir
-
-
-def full_disk_at(step: int):
-  """orbax's lowest Python write (`async_path.write_text`, each step's metadata files), failing
-  with ENOSPC inside the temporary directory of checkpoint `step`, as on a full disk."""
-  write_text = async_path.write_text
-
-  async def write(path, text):
-    if f"/{step}.orbax-checkpoint-tmp" in str(path):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    return await write_text(path, text)
-
-  return write
 
 
 def saved(workdir: Path) -> dict[str, str]:
@@ -82,7 +60,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
   capfd.readouterr()
   for _ in range(2):  # The first run, and a rerun on a disk still full.
     with pytest.raises(UserError) as raised:
-      train.train_and_evaluate(run_config(), workdir)
+      train.train_and_evaluate(shared_run_config(), workdir)
     assert str(raised.value) == expected
     assert saved(workdir) == before  # Checkpoint 2 untouched, no trace of 4.
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
@@ -93,7 +71,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
 
   monkeypatch.undo()  # Space is free again: the same command resumes and finishes.
   caplog.clear()
-  result = train.train_and_evaluate(run_config(), workdir)
+  result = train.train_and_evaluate(shared_run_config(), workdir)
   assert result["step"] == 4
   assert f"Resumed {workdir} at step 2." in caplog.messages
   checkpoints = Checkpoints(workdir, keep=2)
@@ -104,15 +82,12 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
 def test_the_command_prints_only_the_line_on_a_full_disk(run, tmp_path):
   workdir = resumable_at_2(run, tmp_path)
   code = (
-      "import os\n"
-      "cache = os.environ['JAX_COMPILATION_CACHE_DIR']  # The session's: kept.\n"
       "from orbax.checkpoint._src.path import async_path\n"
       "from seq2seq import cli, train\n"
-      "from tests.test_reliability import full_disk_at, run_config\n"
-      "os.environ['JAX_COMPILATION_CACHE_DIR'] = cache\n"
+      "from tests.helpers import full_disk_at, shared_run_config\n"
       "async_path.write_text = full_disk_at(4)\n"
       "cli.parse_flags(['train.py'])\n"
-      f"cli.run_main(lambda: train.train_and_evaluate(run_config(), {str(workdir)!r}))\n")
+      f"cli.run_main(lambda: train.train_and_evaluate(shared_run_config(), {str(workdir)!r}))\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, env=ENV, timeout=300)
   assert result.returncode == 2, result.stderr[-3000:]
@@ -127,7 +102,7 @@ def test_a_full_disk_at_the_first_checkpoint_leaves_no_new_workdir(tmp_path, mon
   workdir = tmp_path / "new"
   monkeypatch.setattr(async_path, "write_text", full_disk_at(2))
   with pytest.raises(UserError) as raised:
-    train.train_and_evaluate(run_config(), workdir)
+    train.train_and_evaluate(shared_run_config(), workdir)
   assert str(raised.value) == (
       f"No space left on device while saving the checkpoint of step 2 in {workdir}/checkpoints;"
       " no checkpoint was saved yet. Free some space and run the same command to start again.")
@@ -151,7 +126,7 @@ def test_a_full_disk_while_writing_metrics_keeps_the_last_checkpoint(run, tmp_pa
 
   monkeypatch.setattr(MetricsWriter, "write", full)
   with pytest.raises(UserError) as raised:
-    train.train_and_evaluate(run_config(), workdir)
+    train.train_and_evaluate(shared_run_config(), workdir)
   assert str(raised.value) == (
       f"No space left on device while {doing.format(workdir=workdir)}; the last good checkpoint"
       " is step 2. Free some space and run the same command to resume.")
@@ -218,7 +193,7 @@ def test_other_save_errors_are_not_called_a_full_disk(tmp_path):
 @pytest.fixture(scope="module")
 def four_checkpoints(tmp_path_factory):
   """A run with checkpoints at 2, 4, 6 and 8 (keep=4): a live run's past and future."""
-  c = run_config(num_steps=8)
+  c = shared_run_config(num_steps=8)
   c.checkpoint.keep = 4
   workdir = tmp_path_factory.mktemp("rotated") / "run"
   train.train_and_evaluate(c, workdir)
@@ -337,7 +312,7 @@ def test_a_start_refused_the_lock_leaves_the_new_workdir_of_the_other(tmp_path, 
     monkeypatch.setattr(workdirs, "check_writable", then_the_other_start(workdirs.check_writable))
   try:
     with pytest.raises(UserError) as raised:
-      train.train_and_evaluate(run_config(), workdir)
+      train.train_and_evaluate(shared_run_config(), workdir)
     assert str(raised.value) == (
         f"{workdir} is in use by another training (host {socket.gethostname()}, pid"
         f" {os.getpid()}, holding {workdir / '.lock'}); wait for it to finish or stop it, or pass"
@@ -361,12 +336,12 @@ def test_only_the_start_that_made_the_workdir_removes_it(tmp_path, monkeypatch):
 
   monkeypatch.setattr(train, "Trainer", fail)
   with pytest.raises(UserError, match="a mistake found while starting"):
-    train.train_and_evaluate(run_config(), workdir)
+    train.train_and_evaluate(shared_run_config(), workdir)
   assert not workdir.exists()
   workdir.mkdir()  # Made by another start: a failed start leaves it.
   (workdir / "notes.txt").write_text("kept\n")
   with pytest.raises(UserError, match="a mistake found while starting"):
-    train.train_and_evaluate(run_config(), workdir)
+    train.train_and_evaluate(shared_run_config(), workdir)
   assert (workdir / "notes.txt").read_text() == "kept\n"
   assert not (workdir / ".lock").exists()
 

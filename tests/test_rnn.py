@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, rnn
-from tests.conftest import assert_stepping_matches_decode
+from tests.helpers import assert_stepping_matches_decode
 
 VOCAB = 40
 SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # EOS=3, PAD=0
@@ -24,8 +24,17 @@ def rnn_config(tiny_config, **model):
   return c
 
 
-@pytest.mark.parametrize("name", RNN_VARIANTS)
-@pytest.mark.parametrize("cell,input_feeding", [("lstm", True), ("lstm", False), ("gru", True)])
+# Every attention with the default cell (LSTM with input feeding); the GRU and no input feeding
+# each with an attention that scores with the previous state (concat) and one that scores with
+# the current one (general). The rest of the grid runs with -m slow.
+CELLS = [("lstm", True), ("lstm", False), ("gru", True)]
+STEPPED = [pytest.param(name, cell, feeding, id=f"{cell}-{feeding}-{name}",
+                        marks=() if (cell, feeding) == CELLS[0] or name in ("concat", "general")
+                        else pytest.mark.slow)
+           for cell, feeding in CELLS for name in RNN_VARIANTS]
+
+
+@pytest.mark.parametrize("name,cell,input_feeding", STEPPED)
 def test_decode_step_reproduces_teacher_forced_decode(tiny_config, name, cell, input_feeding):
   model = build_model(rnn_config(tiny_config, attention=name, rnn_cell=cell,
                                  input_feeding=input_feeding), VOCAB)

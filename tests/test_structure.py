@@ -1,32 +1,19 @@
-"""The package's import graph has no cycle: every module can be read, and changed, on its own."""
+"""The package's import graph has no cycle: every module can be read, and changed, on its own;
+and no test module imports another."""
 
 import ast
+import re
 
-from tests.conftest import ROOT
+from tests.helpers import (
+  PACKAGE,
+  ROOT,
+  console_scripts,
+  import_graph,
+  imported_modules,
+  module_name,
+)
 
-PACKAGE = ROOT / "seq2seq"
-
-
-def _module_name(path) -> str:
-  parts = path.relative_to(ROOT).with_suffix("").parts
-  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-  """{module: the seq2seq modules it imports}, from the source (nothing is executed)."""
-  modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-  graph = {}
-  for name, path in modules.items():
-    deps = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seq2seq"):
-        for alias in node.names:  # `from seq2seq import train` names a module.
-          full = f"{node.module}.{alias.name}"
-          deps.add(full if full in modules else node.module)
-      elif isinstance(node, ast.Import):
-        deps |= {a.name for a in node.names if a.name.startswith("seq2seq")}
-    graph[name] = deps - {name}
-  return graph
+TESTS = ROOT / "tests"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -61,6 +48,55 @@ def test_the_package_has_no_import_cycle():
   assert find_cycle(graph) is None
 
 
+IMPORTS_IN_CODE = re.compile(r"^\s*(?:from\s+(tests(?:\.\w+)*)\s+import\s+([\w, ]+)"
+                             r"|import\s+(tests(?:\.\w+)*))", re.MULTILINE)
+
+
+def imported_test_modules(path) -> set[str]:
+  """The modules of tests/ other than tests.helpers that `path` imports: in its own import
+  statements, and in code it hands to Python as a string (a script a test starts)."""
+  known = {module_name(p) for p in TESTS.glob("*.py")}
+  found = imported_modules(path, "tests", known)
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      for package, names, module in IMPORTS_IN_CODE.findall(node.value):
+        if module:
+          found.add(module)
+        else:
+          found |= {full if (full := f"{package}.{n.strip()}") in known else package
+                    for n in names.split(",")}
+  return found - {"tests", "tests.helpers"}
+
+
+def test_imported_test_modules_sees_imports_and_code_in_strings(tmp_path):
+  module = tmp_path / "m.py"
+  # `{t}` for "tests": this file's own strings hold no import of a test module.
+  module.write_text("import {t}.test_cli\nfrom {t} import helpers, test_data\n"
+                    "from {t}.helpers import ROOT\nfrom {t}.conftest import x\n"
+                    "CODE = 'import os\\nfrom {t}.test_train import read_metrics\\n'\n"
+                    .format(t="tests"))
+  assert imported_test_modules(module) == {"tests.test_cli", "tests.test_data",
+                                           "tests.conftest", "tests.test_train"}
+
+
+def test_no_test_module_imports_another():
+  """What tests share is in tests/helpers.py (and fixtures in conftest.py): a test module
+  can be read, run and changed on its own."""
+  modules = sorted(TESTS.glob("*.py"))
+  assert {"conftest.py", "helpers.py", "test_cli.py"} <= {p.name for p in modules}
+  assert {p.name: found for p in modules if (found := imported_test_modules(p))} == {}
+
+
+def test_conftest_holds_only_fixtures():
+  """Plain functions go to tests/helpers.py, where every test module can import them (private
+  ones, `_name`, are conftest's own session set-up)."""
+  tree = ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))
+  functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+  assert functions
+  assert [f.name for f in functions if not f.name.startswith(("pytest_", "_")) and not any(
+      "fixture" in ast.unparse(d) for d in f.decorator_list)] == []
+
+
 def spelled_names(path, names: set[str]) -> list[tuple[int, str]]:
   """(line, name) of each string constant in `path` that is one of `names`, outside
   `base_config` (whose defaults are configuration, not dispatch)."""
@@ -89,17 +125,6 @@ def test_no_family_or_variant_is_named_outside_models():
   homonyms = {"seq2seq/train_state.py": {"linear"}, "seq2seq/profile.py": {"dot"}}
   assert {path: spelled for path, spelled in found.items()
           if {name for _, name in spelled} - homonyms.get(path, set())} == {}
-
-
-def console_scripts() -> dict[str, str]:
-  """pyproject.toml's [project.scripts]: {command name: "module:function"}."""
-  lines = (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
-  section = lines[lines.index("[project.scripts]") + 1:]
-  entries = [line for line in section[:next((i for i, line in enumerate(section)
-                                              if line.startswith("[")), len(section))]
-             if "=" in line]
-  return {name.strip(): value.strip().strip('"') for name, value in
-          (line.split("=", 1) for line in entries)}
 
 
 def test_every_command_is_a_console_script_and_a_script_alias():

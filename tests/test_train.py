@@ -28,11 +28,7 @@ from seq2seq.steps import cross_entropy, train_step
 from seq2seq.train_state import learning_rate_schedule, make_optimizer, new_train_state
 from seq2seq.trainer import Trainer
 from seq2seq.workdirs import WorkdirLock
-from tests.conftest import ROOT, damage_checkpoint, fast_tiny_config, load_config
-
-
-def read_metrics(workdir):
-  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+from tests.helpers import ENV, damage_checkpoint, fast_tiny_config, load_config, read_metrics
 
 
 def test_one_training_step_end_to_end(tmp_path, tiny_config):
@@ -261,6 +257,16 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
   assert result["step"] == 6 and Checkpoints(tmp_path, keep=2).all_steps()[-1] == 6
 
 
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """A run of 2 steps, evaluated and checkpointed at each: (its config, its workdir)."""
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 2, 1
+  workdir = tmp_path_factory.mktemp("two-steps") / "run"
+  train.train_and_evaluate(c, workdir)
+  return c, workdir
+
+
 @pytest.mark.parametrize("every,checkpoints,message", [
     # Every step evaluated: the parameters after the first update give a non-finite validation
     # loss (the step's own training loss, computed before the update, is still finite).
@@ -270,11 +276,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
     ({"eval.every_steps": 100, "checkpoint.every_steps": 1}, [2, 3],
      "The training loss is {nan} (gradient norm {nan}) at step 4"),
 ])
-def test_non_finite_loss_stops_before_a_diverged_state_is_saved(tmp_path, every, checkpoints,
-                                                                message):
-  c = fast_tiny_config()
-  c.train.num_steps, c.eval.every_steps = 2, 1
-  train.train_and_evaluate(c, tmp_path)
+def test_non_finite_loss_stops_before_a_diverged_state_is_saved(two_steps, tmp_path, every,
+                                                                checkpoints, message):
+  c, run = two_steps
+  shutil.copytree(run, tmp_path, dirs_exist_ok=True)
   # Resumed with an absurd learning rate, the first update (step 3) blows the parameters up. No
   # loss is logged before step 8: checked only when logged, the loss would let the diverged
   # states of the steps before it be saved.
@@ -346,7 +351,7 @@ def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
           f" lock = WorkdirLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True);"
           " time.sleep(120)")
   holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            env=ENV)
   assert holder.stdout.readline() == b"held\n"
   with pytest.raises(UserError, match=f"pid {holder.pid}, holding"):
     WorkdirLock(tmp_path).acquire()
