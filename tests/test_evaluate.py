@@ -140,7 +140,7 @@ def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_pa
   with pytest.raises(UserError, match="would choose one on test data"):
     evaluate.select_checkpoint(workdir, ["best", "avg:2"], split="test")
 
-  candidates = ["2", "avg:2", "latest"]
+  candidates = ["2", "avg:2"]  # A step and an average: each kind the choice resolves.
   chosen = evaluate.select_checkpoint(workdir, candidates, beam_size=1)
   alone = {spec: evaluate.run_evaluation(workdir, split="val", checkpoint=spec,
                                          beam_size=1)[0]["bleu"] for spec in candidates}
