@@ -65,17 +65,18 @@ def matmul_flops_per_sec(size: int = 2048, dtype=jnp.float32, repeats: int = 5) 
   a = jax.random.normal(jax.random.key(0), (size, size), dtype)
   matmul = jax.jit(lambda x, y: x @ y)
   jax.block_until_ready(matmul(a, a))
-  best = min(_timed(lambda: matmul(a, a)) for _ in range(repeats))
+  best = min(timed(lambda: matmul(a, a)) for _ in range(repeats))
   return 2.0 * size**3 / best
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+  """Seconds `fn()` takes, its results ready."""
   start = time.perf_counter()
   jax.block_until_ready(fn())
   return time.perf_counter() - start
 
 
-def _random_batch(batch: int, length: int, vocab: int) -> dict:
+def random_batch(batch: int, length: int, vocab: int) -> dict:
   """Full-length sentences of random non-special tokens (ids 0-3 are PAD/UNK/BOS/EOS)."""
   keys = jax.random.split(jax.random.key(1), 2)
   src = jax.random.randint(keys[0], (batch, length), 4, vocab)
@@ -93,7 +94,7 @@ def _train_setup(layers, dim, heads, mlp, vocab, batch, length, dtype):
   step = functools.partial(train_step, graphdef=graphdef, optimizer=optimizer,
                            label_smoothing=0.1)
   state = train_state.new_train_state(params, optimizer)
-  return c, step, state, _random_batch(batch, length, vocab), jax.random.key(0)
+  return c, step, state, random_batch(batch, length, vocab), jax.random.key(0)
 
 
 def train_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
@@ -175,7 +176,7 @@ def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=
   spell of a noisy machine does not fall on one decoder only.
   """
   model = build_model(transformer_config(layers, dim, heads, mlp), vocab)
-  src = _random_batch(batch, src_len, vocab)["src"]
+  src = random_batch(batch, src_len, vocab)["src"]
   results = []
   for beam in beams:
     fns, tokens = {}, {}
@@ -186,7 +187,7 @@ def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=
     seconds = {impl: float("inf") for impl in DECODERS}
     for _ in range(repeats):
       for impl, fn in fns.items():
-        seconds[impl] = min(seconds[impl], _timed(lambda fn=fn: fn(src)))
+        seconds[impl] = min(seconds[impl], timed(lambda fn=fn: fn(src)))
     for impl in DECODERS:
       results.append({
           "benchmark": "decode", "impl": impl, "beam": beam, "batch": batch,
@@ -213,7 +214,7 @@ def profile_benchmarks(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batc
                     **profile.profile_ops(jax.jit(step), state, data, key)})
   if "decode" in modes:
     model = build_model(transformer_config(layers, dim, heads, mlp), vocab)
-    src = _random_batch(decode_batch, src_len, vocab)["src"]
+    src = random_batch(decode_batch, src_len, vocab)["src"]
     for beam in beams:
       search = jax.jit(functools.partial(_search, model, beam=beam, out_len=out_len, impl="ours"))
       results.append({"profile": "decode", "beam": beam, "batch": decode_batch,

@@ -24,17 +24,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 from seq2seq import decoding, steps
-from seq2seq.benchmark import transformer_config
+from seq2seq.benchmark import random_batch, timed, transformer_config
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.train_state import make_optimizer, new_train_state
@@ -91,14 +89,6 @@ def _import_anchor(folder: Path):
     spec.loader.exec_module(module)
     modules.append(module)
   return modules
-
-
-def _random_batch(s: Shapes):
-  rng = np.random.default_rng(0)
-  src = jnp.asarray(rng.integers(4, s.vocab, (s.batch, s.length)), jnp.int32)
-  tgt = jnp.asarray(rng.integers(4, s.vocab, (s.batch, s.length)), jnp.int32)
-  tgt_in = jnp.concatenate([jnp.full((s.batch, 1), 2, jnp.int32), tgt[:, :-1]], axis=1)
-  return src, tgt, tgt_in
 
 
 def anchor_side(folder: Path, s: Shapes, src, tgt):
@@ -178,26 +168,21 @@ def project_side(s: Shapes, src, tgt, tgt_in):
   return train_once, lambda: search(inputs)
 
 
-def _seconds(fn) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - start
-
-
 def compare(rounds: int = 7, shapes: Shapes = Shapes(), folder: Path | None = None) -> dict:
   """Times both sides, interleaved, `rounds` times; returns the JSON record."""
   s = shapes
-  src, tgt, tgt_in = _random_batch(s)
+  batch = random_batch(s.batch, s.length, s.vocab)
+  src, tgt, tgt_in = batch["src"], batch["tgt_out"], batch["tgt_in"]
   sides = {"anchor": anchor_side(folder or anchor_dir(), s, src, tgt),
            "project": project_side(s, src, tgt, tgt_in)}
-  compile_s = {f"{name}_{kind}": round(_seconds(fn), 1) for name, fns in sides.items()
+  compile_s = {f"{name}_{kind}": round(timed(fn), 1) for name, fns in sides.items()
                for kind, fn in zip(("train", "decode"), fns, strict=True)}
   train_s = {name: [] for name in sides}
   decode_s = {name: [] for name in sides}
   for _ in range(rounds):
     for name, (train, search) in sides.items():
-      train_s[name] += [_seconds(train), _seconds(train)]
-      decode_s[name].append(_seconds(search))
+      train_s[name] += [timed(train), timed(train)]
+      decode_s[name].append(timed(search))
   train_med = {name: statistics.median(t) for name, t in train_s.items()}
   decode_med = {name: statistics.median(t) for name, t in decode_s.items()}
   tokens = s.batch * s.length

@@ -14,7 +14,7 @@ def test_counted_flops_match_xla_cost_analysis():
   c = benchmark.transformer_config(layers=2, dim=64, heads=4, mlp=128)
   vocab, batch, length = 500, 4, 16
   graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
-  data = benchmark._random_batch(batch, length, vocab)
+  data = benchmark.random_batch(batch, length, vocab)
 
   def forward(params):
     model = nnx.merge(graphdef, params)
@@ -45,7 +45,7 @@ def test_train_benchmark_reports_consistent_figures(dtype):  # bfloat16 is emula
 def test_decode_baselines_translate_exactly_like_ours():
   """The benchmark's baselines differ from our decoder in speed only."""
   model = build_model(benchmark.transformer_config(layers=2, dim=32, heads=2, mlp=64), 100)
-  src = benchmark._random_batch(3, 7, 100)["src"]
+  src = benchmark.random_batch(3, 7, 100)["src"]
   for beam in (1, 3):
     outputs = {impl: benchmark._search(model, src, beam=beam, out_len=9, impl=impl)
                for impl in benchmark.DECODERS}
