@@ -41,7 +41,8 @@ def get_config():
   c.train.learning_rate = 5e-3
   c.train.label_smoothing = 0.1
   c.eval.every_steps = 1000
-  c.eval.beam_size = 1  # Greedy during training; the evaluation commands above use beam 5.
+  c.eval.beam_size = 1  # Greedy during training; the evaluation commands above use beam 5,
+  c.eval.test_beam_size = 5  # whose searches the training compiles for them.
   c.checkpoint.every_steps = 100
   c.checkpoint.keep = 10
   return c

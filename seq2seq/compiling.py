@@ -9,15 +9,20 @@ when that is set, else in the per-user cache directory
 kept there too. JAX writes entries from process 0 only; a directory that
 cannot be written is one warning, and the run goes on without the cache.
 
-`Programs` lowers a jitted function for each argument shape it will meet on
-the calling thread (tracing is Python), then compiles them on a pool of
-threads (XLA compiles without the GIL), and calls the program compiled for
-the arguments' shapes.
+`Programs` compiles a jitted function ahead for each argument shape it will
+meet, on a pool of threads (XLA compiles without the GIL), and calls the
+program compiled for the arguments' shapes. A program wanted at once is
+lowered on the calling thread (tracing is Python); one wanted later (a run's
+validation and evaluation programs) is lowered on the pool too, so that the
+caller goes on while it compiles. Each kind of program takes its own XLA
+compiler options (`config.compile`), never overriding the user's XLA_FLAGS.
 """
 
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import tempfile
@@ -25,9 +30,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 import jax
 from jax import monitoring
+
+import seq2seq
+from seq2seq import config as config_lib
 
 log = logging.getLogger("seq2seq")
 
@@ -128,19 +137,89 @@ def counting(this_thread_only: bool = False):
     monitoring.unregister_event_listener(counts._on_event)
 
 
-def _compile(lowered) -> tuple:
-  """(the compiled program, whether the persistent cache answered)."""
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  """One program, ready: the argument shapes it was compiled for (`key`), the seconds its
+  lowering and compiling took, and whether the persistent cache answered."""
+  executable: Any
+  key: Hashable
+  seconds: float
+  from_cache: bool
+
+
+def xla_flags_set() -> set[str]:
+  """The names of the options the user's XLA_FLAGS sets (without dashes)."""
+  return {flag.lstrip("-").split("=", 1)[0] for flag in os.environ.get("XLA_FLAGS", "").split()}
+
+
+def _typed(value: str) -> bool | int | float | str:
+  """An option's text as XLA takes it: true/false as a bool, numbers as numbers."""
+  if value.lower() in ("true", "false"):
+    return value.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
+
+
+_SAID_OVERRIDDEN: set[str] = set()  # The options whose line was logged: once a process.
+
+
+def compiler_options(text: str) -> dict[str, bool | int | float | str]:
+  """The options of a config.compile field (`config.parse_compiler_options`), less those the
+  user's XLA_FLAGS sets: the user's setting wins (and one line says so)."""
+  options = config_lib.parse_compiler_options(text)
+  overridden = sorted(xla_flags_set() & set(options))
+  if set(overridden) - _SAID_OVERRIDDEN:
+    _SAID_OVERRIDDEN.update(overridden)
+    log.info("XLA_FLAGS sets %s; config.compile's value is not used for it.",
+             ", ".join(overridden))
+  return {name: _typed(value) for name, value in options.items() if name not in overridden}
+
+
+def _compile(key: Hashable, lower: Callable[[], Any], options: dict,
+             lowering: float = 0.0) -> Compiled:
+  """Lowers (`lower()`) and compiles one program with XLA options `options`; `lowering`:
+  seconds spent lowering it before."""
+  start = time.perf_counter() - lowering
+  lowered = lower()
   with counting(this_thread_only=True) as counts:
-    compiled = lowered.compile()
-  return compiled, bool(counts.cached)
+    executable = lowered.compile(compiler_options=options or None)
+  return Compiled(executable, key, time.perf_counter() - start, bool(counts.cached))
 
 
-_POOL = concurrent.futures.ThreadPoolExecutor(
-    max_workers=max(2, min(8, os.cpu_count() or 1)), thread_name_prefix="compile")
+def default_threads() -> int:
+  """Programs compiled at once unless config.compile.threads says: one per core, 2 to 8."""
+  return max(2, min(8, os.cpu_count() or 1))
+
+
+_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+  """The compiling threads (`threads` of them; 0: `default_threads()`), made once."""
+  threads = threads or default_threads()
+  if threads not in _POOLS:
+    _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(
+        max_workers=threads, thread_name_prefix=f"compile{threads}")
+  return _POOLS[threads]
+
+
+def shapes(tree):
+  """`tree`'s arrays as `jax.ShapeDtypeStruct`s without a sharding: lowered with these, a
+  program is the same whether its arguments come from a training run's devices or from a
+  checkpoint read onto one (committed arrays would lower to another program)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 class Programs:
   """One jitted function, compiled ahead for each argument shape it will be called with.
+
+  Programs added in the foreground are lowered on the calling thread (tracing is Python) and
+  compiled on a pool of threads (XLA compiles without the GIL); those added in the background
+  are lowered there too, so that the caller goes on at once. A call waits for its program.
 
   Args:
     name: what the program computes, for the start-up line ("train step").
@@ -148,44 +227,86 @@ class Programs:
     key: `(*args) -> a hashable` that tells the compiled programs apart, by default
       the shapes of every argument.
     plural: the name's plural (by default with an s).
+    options: XLA's compiler options for these programs (`compiler_options`).
+    threads: programs compiled at once (0: `default_threads()`; 1: one after another).
   """
 
   def __init__(self, name: str, jitted, key: Callable[..., Hashable] | None = None, *,
-               plural: str = ""):
+               plural: str = "", options: dict | None = None, threads: int = 0):
     self.name, self.plural, self._jitted = name, plural or f"{name}s", jitted
     self._key = key or (lambda *args: tuple(x.shape for x in jax.tree.leaves(args)))
+    self.options, self._threads = dict(options or {}), threads
     self._futures: dict[Hashable, concurrent.futures.Future] = {}
 
-  def add(self, *args) -> None:
-    """Lowers for `args` (arrays or `jax.ShapeDtypeStruct`s) here and compiles on the pool."""
+  def add(self, *args, background: bool = False) -> None:
+    """Compiles for `args` (arrays or `jax.ShapeDtypeStruct`s) on the pool, lowered here, or
+    there too with `background`."""
     key = self._key(*args)
-    if key not in self._futures:
-      self._futures[key] = _POOL.submit(_compile, self._jitted.lower(*args))
+    if key in self._futures:
+      return
+    if background:  # Lowered on the pool too.
+      task = (_compile, key, functools.partial(self._jitted.lower, *args), self.options)
+    else:
+      start = time.perf_counter()
+      lowered = self._jitted.lower(*args)
+      task = (_compile, key, lambda: lowered, self.options, time.perf_counter() - start)
+    self._futures[key] = _pool(self._threads).submit(*task)
 
   def __len__(self) -> int:
     return len(self._futures)
 
-  def wait(self) -> list[tuple]:
-    """Blocks until every program compiled: their (program, whether from the cache)."""
+  def ready(self) -> bool:
+    """Whether every program added so far is compiled (or failed)."""
+    return all(future.done() for future in self._futures.values())
+
+  def wait(self) -> list[Compiled]:
+    """Blocks until every program compiled."""
     return [future.result() for future in self._futures.values()]
+
+  def cancel(self) -> None:
+    """Drops the programs whose compiling has not begun (a run that ends early)."""
+    for key, future in list(self._futures.items()):
+      if future.cancel():
+        del self._futures[key]
 
   def __call__(self, *args):
     future = self._futures.get(self._key(*args))
     if future is None:
       raise KeyError(f"{self.name} was not compiled for {self._key(*args)}; only for"
                      f" {list(self._futures)}")
-    return future.result()[0](*args)
+    return future.result().executable(*args)
 
 
-def report(groups: list[Programs], since: float) -> str:
-  """The start-up line, once they are compiled: how many programs, of which kinds, and how
-  long since `since` (a `time.perf_counter()`) that took."""
-  results = [result for group in groups for result in group.wait()]
-  seconds = time.perf_counter() - since
-  cached = sum(from_cache for _, from_cache in results)
-  kinds = ", ".join(f"{len(group)} {group.name if len(group) == 1 else group.plural}"
-                    for group in groups if len(group))
+def kinds(groups: list[Programs]) -> str:
+  """'1 train step, 2 validation losses': how many programs of each group."""
+  return ", ".join(f"{len(group)} {group.name if len(group) == 1 else group.plural}"
+                   for group in groups if len(group))
+
+
+def records(groups: list[Programs]) -> list[dict]:
+  """One record per program of `groups` (compiled: `wait` first), for metrics.jsonl."""
+  return [{"program": group.name, "shape": str(done.key), "seconds": round(done.seconds, 3),
+           "from_cache": done.from_cache} for group in groups for done in group.wait()]
+
+
+def report(groups: list[Programs], seconds: float) -> str:
+  """The line for `groups` once they are compiled: how many programs, of which kinds, in
+  `seconds`, and how many the persistent cache held."""
+  results = [done for group in groups for done in group.wait()]
+  cached = sum(done.from_cache for done in results)
   where = (f"{cached} of them from the compilation cache" if cached
            else "none from the compilation cache")
   programs = "program" if len(results) == 1 else "programs"
-  return f"Compiled {len(results)} {programs} ({kinds}) in {seconds:.1f} s; {where}."
+  return f"Compiled {len(results)} {programs} ({kinds(groups)}) in {seconds:.1f} s; {where}."
+
+
+def process_seconds() -> float:
+  """Seconds since this process started (Linux's /proc), else since seq2seq was imported."""
+  try:
+    with open("/proc/self/stat", encoding="ascii") as f:
+      started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime", encoding="ascii") as f:
+      uptime = float(f.read().split()[0])
+    return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError):
+    return time.perf_counter() - seq2seq.IMPORTED

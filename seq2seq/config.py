@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = _eval_defaults()
   c.checkpoint = _checkpoint_defaults()
   c.distributed = _distributed_defaults()
+  c.compile = _compile_defaults()
   return c
 
 
@@ -116,6 +117,10 @@ def _eval_defaults() -> ml_collections.ConfigDict:
   e.alpha = 0.6  # GNMT length-penalty exponent of beam search.
   e.max_decode_len_a = 1.5  # Decode at most a * source_length + b tokens ...
   e.max_decode_len_b = 10  # ... (b tokens slack).
+  # The beam of the evaluation commands (seq2seq-evaluate, -translate, -compare --beam_size):
+  # the trainer compiles their searches in the background, so that they compile nothing
+  # (0: compiles none ahead).
+  e.test_beam_size = 4
   return e
 
 
@@ -134,6 +139,30 @@ def _distributed_defaults() -> ml_collections.ConfigDict:
   g.coordinator_address = ""  # "host:port" of process 0 ("" = JAX_COORDINATOR_ADDRESS/cluster).
   g.process_id = -1  # This process's index (-1 = from the environment).
   return g
+
+
+def _compile_defaults() -> ml_collections.ConfigDict:
+  """How the programs are compiled (seq2seq.compiling): XLA's options for each kind of
+  program, as "name=value,..." (such as "xla_gpu_autotune_level=0"; "": XLA's defaults; an
+  option that XLA_FLAGS sets is the user's and stays so), and how many compile at once."""
+  k = ml_collections.ConfigDict()
+  k.train_options = ""  # The train step's (it runs for minutes or hours).
+  k.eval_options = ""  # Validation losses' and every search's (they run for seconds).
+  k.threads = 0  # Programs compiled at once (0: one per core, 2 to 8; 1: one after another).
+  return k
+
+
+def parse_compiler_options(text: str, field: str = "config.compile") -> dict[str, str]:
+  """`"name=value,name=value"` as a dict (`""`: none); `UserError` naming `field` if an
+  item is not name=value."""
+  options = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    name, equals, value = item.partition("=")
+    if not equals or not name.strip() or not value.strip() or " " in name.strip():
+      raise UserError(f"{field}={text!r}: {item!r} is not name=value; pass XLA options such as"
+                      f" {field}=xla_gpu_autotune_level=0 (several separated by commas).")
+    options[name.strip().lstrip("-")] = value.strip()
+  return options
 
 
 def _suggest(name: str, options) -> str:
@@ -307,7 +336,8 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "train.clip_norm": t.clip_norm, "train.patience": t.patience,
       "eval.max_sentences": e.max_sentences,
       "eval.alpha": e.alpha, "eval.max_decode_len_a": e.max_decode_len_a,
-      "eval.max_decode_len_b": e.max_decode_len_b,
+      "eval.max_decode_len_b": e.max_decode_len_b, "eval.test_beam_size": e.test_beam_size,
+      "compile.threads": config.compile.threads,
   }
   for name, value in non_negative.items():
     if value < 0:
@@ -341,6 +371,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if e.max_decode_len_a == 0 and e.max_decode_len_b == 0:
     raise UserError("config.eval.max_decode_len_a and max_decode_len_b are both 0, so nothing"
                     " would be decoded; make one of them positive.")
+  for name in ("train_options", "eval_options"):
+    parse_compiler_options(config.compile[name], f"config.compile.{name}")
   if t.dtype not in ("float32", "bfloat16"):
     raise UserError(f"config.train.dtype={t.dtype!r} is not supported; use float32 or bfloat16.")
   if t.schedule not in train_state.SCHEDULES:

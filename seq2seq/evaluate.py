@@ -17,7 +17,7 @@ log = logging.getLogger("seq2seq")
 
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
-                      beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64) -> dict:
+                      beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None) -> dict:
   """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
   records the one with the highest BLEU in `<workdir>/eval/selected.json`.
 
@@ -51,7 +51,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
 
 
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
-                   beam_size: int = 4, alpha: float = 0.6, batch_size: int = 64,
+                   beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None,
                    src_file: str = "", ref_file: str = "",
                    plot_attention: int = 0,
                    ensemble: Sequence[str] = ()) -> tuple[dict, Path]:

@@ -116,19 +116,22 @@ def _report_start(trainer) -> None:
 
 
 def _start(trainer: Trainer, workdir: Path, checkpoints: Checkpoints) -> tuple[TrainState, int]:
-  """Compiles the run's programs while its checkpoint is read; returns the state to train
-  from (the latest good checkpoint's, or a new one) and its step."""
+  """Compiles the train step while the checkpoint is read, and starts compiling the other
+  programs in the background; returns the state to train from (the latest good checkpoint's,
+  or a new one) and its step."""
   _report_start(trainer)
   compile_start = time.perf_counter()
-  trainer.compile()  # Compiles while the checkpoint is read.
+  trainer.compile()
   restored, state = checkpoints.restore_latest_good(trainer.new_state())
   if jax.process_index() == 0:
     save_run_config(workdir, trainer.config)  # Only once the run fits its workdir.
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
-  log.info(compiling.report([trainer.train_step, trainer.eval_step, trainer.translate_step],
-                            compile_start))
+  background = [trainer.eval_step, trainer.translate_step, trainer.evaluation_search]
+  log.info("%s Compiling %s in the background.",
+           compiling.report([trainer.train_step], time.perf_counter() - compile_start),
+           compiling.kinds(background))
   return state, start
 
 
@@ -142,30 +145,47 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
   """
   num_steps = config.train.num_steps
   trainer = Trainer(config, workdir)
-  state, start = _start(trainer, workdir, checkpoints)
+  try:
+    state, start = _start(trainer, workdir, checkpoints)
+    with train_actions.LoopActions(trainer, checkpoints, workdir, start) as run:
+      result = _loop(trainer, run, state, start)
+      if "interrupted" not in result:
+        run.compile_log.at_end(int(result.get("step", num_steps)))
+      return result
+  finally:  # A run that ends early compiles no more.
+    for programs in (trainer.eval_step, trainer.translate_step, trainer.evaluation_search):
+      programs.cancel()
+
+
+def _loop(trainer: Trainer, run: train_actions.LoopActions, state: TrainState,
+          start: int) -> dict:
+  """The steps from `start`: `_train`'s loop."""
+  num_steps = trainer.config.train.num_steps
   last_eval = {}
-  with train_actions.LoopActions(trainer, checkpoints, workdir, start) as run:
-    run.stop.before_start(start)
-    for step in range(start, num_steps):
-      batch = trainer.to_device(trainer.train_batches(step))
-      state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
-      run.dispatched(metrics)
-      done = step + 1
-      log_now, evaluate_now = run.train_log.due(done), run.validate.due(done)
-      save_now = run.periodic_save.due(done)
-      stopping = run.stop.agreed(done, boundary=log_now or evaluate_now or save_now)
-      if log_now or evaluate_now or save_now or stopping:
-        run.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
-      if log_now:
-        run.train_log(done)
-      if evaluate_now:
-        last_eval = run.validate(state, done)  # Saves the checkpoint of `done` too.
-        if run.early_stopping.exhausted(done) and done < num_steps:
-          log.info(run.early_stopping.message(done))
-          return {**last_eval, "early_stopped": True}
-      elif save_now:
-        run.periodic_save(state, done)
-      if stopping and done < num_steps:
-        run.stop(state, done, stopping)
-        return {**last_eval, "step": done, "interrupted": stopping}
+  run.stop.before_start(start)
+  for step in range(start, num_steps):
+    batch = trainer.to_device(trainer.train_batches(step))
+    state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
+    run.dispatched(metrics)
+    done = step + 1
+    if step == start:
+      run.compile_log.first_step(done, metrics)
+    log_now, evaluate_now = run.train_log.due(done), run.validate.due(done)
+    save_now = run.periodic_save.due(done)
+    stopping = run.stop.agreed(done, boundary=log_now or evaluate_now or save_now)
+    if log_now or evaluate_now or save_now or stopping:
+      run.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
+    if log_now:
+      run.train_log(done)
+    if evaluate_now:
+      run.compile_log.before_validation(done)
+      last_eval = run.validate(state, done)  # Saves the checkpoint of `done` too.
+      if run.early_stopping.exhausted(done) and done < num_steps:
+        log.info(run.early_stopping.message(done))
+        return {**last_eval, "early_stopped": True}
+    elif save_now:
+      run.periodic_save(state, done)
+    if stopping and done < num_steps:
+      run.stop(state, done, stopping)
+      return {**last_eval, "step": done, "interrupted": stopping}
   return last_eval

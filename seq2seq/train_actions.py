@@ -17,7 +17,7 @@ import jax
 import ml_collections
 import tqdm
 
-from seq2seq import signals
+from seq2seq import compiling, signals
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 from seq2seq.full_disk import full_disk_error
@@ -188,6 +188,51 @@ class ValidateAndSave:
       raise error from e
 
 
+class CompileLog:
+  """What compiling cost the run, in the log and in metrics.jsonl (split "compile"): when the
+  first step finished, counted from the process's start, and per program its seconds and
+  whether the persistent cache held it. Waiting for programs compiled in the background is
+  one line, and only where they are not ready when needed."""
+
+  def __init__(self, trainer, writer: MetricsWriter, progress: Progress):
+    self.trainer, self.writer, self.progress = trainer, writer, progress
+    self.validation_recorded = False
+
+  def _say(self, line: str) -> None:
+    if self.writer.enabled:
+      self.progress.write(line)
+
+  def _wait(self, done: int, groups: list[compiling.Programs], needed_by: str) -> None:
+    """Waits for `groups` (saying so if they are not ready) and records them at `done`."""
+    groups = [group for group in groups if len(group)]
+    if not groups:
+      return
+    start = time.perf_counter()
+    if not all(group.ready() for group in groups):
+      self._say(f"step {done}: {needed_by} waits for its programs ({compiling.kinds(groups)})"
+                " to finish compiling in the background.")
+    records = compiling.records(groups)
+    self.writer.write(done, "compile", {"waited_seconds": time.perf_counter() - start,
+                                        "programs": records})
+
+  def first_step(self, done: int, metrics: dict) -> None:
+    """After the run's first step (`done`), once its `metrics` are computed."""
+    jax.block_until_ready(metrics)
+    seconds = compiling.process_seconds()
+    self._say(f"step {done}: finished {seconds:.1f} s after the process started.")
+    self.writer.write(done, "compile", {"seconds_to_first_step": seconds,
+                                        "programs": compiling.records([self.trainer.train_step])})
+
+  def before_validation(self, done: int) -> None:
+    if not self.validation_recorded:
+      self._wait(done, self.trainer.validation_programs, "validation")
+      self.validation_recorded = True
+
+  def at_end(self, done: int) -> None:
+    """Waits for the evaluation commands' searches: the persistent cache then holds them."""
+    self._wait(done, [self.trainer.evaluation_search], "the end of training")
+
+
 class PeriodicSave:
   """Every config.checkpoint.every_steps (0: never), a checkpoint without metrics: kept by
   the LatestN policy only, e.g. for --checkpoint=avg:N."""
@@ -274,6 +319,7 @@ class LoopActions:
                                     self.interval)
     self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
     self.early_stopping = EarlyStopping(config, checkpoints)
+    self.compile_log = CompileLog(trainer, self.writer, self.progress)
     try:
       self.stop = AgreedStop(checkpoints, workdir)  # Last: from here, signals are recorded.
     except BaseException:

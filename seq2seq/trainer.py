@@ -86,9 +86,8 @@ class Trainer:
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
     val_src, val_tgt = batching.encode_pairs(self.tokenizer, self.val_text)
-    self.val_batches = batching.eval_batches(
-        val_src, val_tgt, batch_size=config.eval.batch_size, bucket_step=d.bucket_step,
-        max_len=config.model.max_len)
+    self.val_batches = batching.eval_batches(val_src, val_tgt, batch_size=config.eval.batch_size,
+                                             max_len=config.model.max_len)
 
   def _make_state(self):
     """The initial train state's program, shapes and shardings (parameters split by
@@ -118,8 +117,12 @@ class Trainer:
     return state_sharding
 
   def _make_programs(self, state_sharding) -> None:
-    """The jitted train step, validation loss and validation search, compiled by `compile`."""
+    """The jitted train step, validation loss and validation search, and the evaluation
+    commands' search (`translator.search_programs`), compiled by `compile`."""
     config, params_sharding = self.config, state_sharding.params
+    train_options = compiling.compiler_options(config.compile.train_options)
+    eval_options = compiling.compiler_options(config.compile.eval_options)
+    threads = config.compile.threads
     # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
     by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
     self.train_step = compiling.Programs("train step", jax.jit(
@@ -127,20 +130,28 @@ class Trainer:
                           label_smoothing=config.train.label_smoothing,
                           accum_steps=config.train.grad_accum_steps),
         in_shardings=(state_sharding, self.data_sharding, self.replicated),
-        out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape)
+        out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape,
+        options=train_options, threads=threads)
     self.eval_step = compiling.Programs("validation loss", jax.jit(
         functools.partial(steps.eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
-        by_batch_shape, plural="validation losses")
+        by_batch_shape, plural="validation losses", options=eval_options, threads=threads)
     self.translate_step = translator.search_programs(
         self.graphdef, config, translator.search_strategy(config.eval.beam_size, config.eval.alpha),
         name="validation search", jit=dict(in_shardings=(params_sharding, self.data_sharding),
                                            out_shardings=self.data_sharding))
+    # The programs seq2seq-evaluate and -translate compile for this run at its test beam:
+    # compiled here only to fill the persistent cache (written by process 0).
+    self.evaluation_search = translator.search_programs(
+        self.graphdef, config, translator.search_strategy(max(config.eval.test_beam_size, 1),
+                                                          config.eval.alpha),
+        name="evaluation search")  # Compiles nothing where test_beam_size is 0.
 
   def compile(self) -> None:
-    """Lowers every program the run will call and compiles them in parallel (`compiling`):
-    the train step for each batch shape, validation loss and search for each of the
-    split's. `compiling.report` waits for them."""
+    """Compiles every program the run calls (`compiling`): the train steps for each batch
+    shape before anything else, then in the background the validation loss and search for
+    each of the split's shapes, and the evaluation commands' searches on the grid (where a
+    persistent cache keeps them, and config.eval.test_beam_size asks for them)."""
     def spec(shape):
       return jax.ShapeDtypeStruct(shape, np.int32, sharding=self.data_sharding)
 
@@ -150,8 +161,17 @@ class Trainer:
       self.train_step.add(self.abstract_state, batch, self.dropout_key)
     for batch in self.val_batches:
       batch = {k: spec(v.shape) for k, v in batch.items() if k != "index"}
-      self.eval_step.add(self.abstract_state.params, batch)
-      self.translate_step.add(self.abstract_state.params, batch["src"])
+      self.eval_step.add(self.abstract_state.params, batch, background=True)
+      self.translate_step.add(self.abstract_state.params, batch["src"], background=True)
+    if (self.config.eval.test_beam_size and jax.process_index() == 0
+        and jax.config.jax_compilation_cache_dir):
+      params = compiling.shapes(self.abstract_state.params)
+      for src in translator.grid_sources(self.config, self.config.eval.batch_size):
+        self.evaluation_search.add(params, src, background=True)
+
+  @property
+  def validation_programs(self) -> list[compiling.Programs]:
+    return [self.eval_step, self.translate_step]
 
   def new_state(self) -> TrainState:
     return self.init_state()

@@ -76,23 +76,34 @@ def search_fn(params, src, *, graphdef, strategy: decoding.Strategy, max_len_a: 
 def search_programs(graphdef, config, strategy: decoding.Strategy, *, name: str = "search",
                     jit: dict | None = None) -> compiling.Programs:
   """`search_fn` of `strategy` for a run's model and config.eval's decoding lengths, jitted
-  (with `jit`'s options) and compiled per source shape: `(params, src) -> (ids, scores)`."""
+  (with `jit`'s options) and compiled per source shape with config.compile's evaluation
+  options: `(params, src) -> (ids, scores)`."""
   e = config.eval
   fn = functools.partial(search_fn, graphdef=graphdef, strategy=strategy,
                          max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
                          max_len_limit=config.model.max_len)
   return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
-                            plural=name.replace("search", "searches"))
+                            plural=name.replace("search", "searches"),
+                            options=compiling.compiler_options(config.compile.eval_options),
+                            threads=config.compile.threads)
 
 
-def check_search(beam_size: int, alpha: float, batch_size: int = 1) -> None:
+def grid_sources(config, rows: int) -> list[jax.ShapeDtypeStruct]:
+  """The source shapes of the searches a run's evaluation commands compile for sentences up
+  to config.data.max_len subwords: `rows` by each grid length that holds them."""
+  longest = batching.grid_length(config.data.max_len + 1, config.model.max_len)  # With EOS.
+  return [jax.ShapeDtypeStruct((rows, n), np.int32)
+          for n in batching.grid_lengths(config.model.max_len) if n <= longest]
+
+
+def check_search(beam_size: int, alpha: float, batch_size: int | None = None) -> None:
   """Raises `UserError` for search settings out of range, named as the flags give them."""
   if beam_size < 1:
     raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
   if not 0 <= alpha < math.inf:  # NaN fails this too.
     raise UserError(f"--alpha={alpha} must be a number, not negative (0: no length penalty;"
                     " 0.6 is usual).")
-  if batch_size < 1:
+  if batch_size is not None and batch_size < 1:
     raise UserError(f"--batch_size={batch_size} must be at least 1 (sentences per batch).")
 
 
@@ -140,7 +151,8 @@ class Translator:
     checkpoint: "best" (validation BLEU), "latest", a step, "avg:N", "selected", or
       "ensemble:N" (the last N checkpoints as an ensemble).
     beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
-    batch_size: sentences per compiled batch.
+    batch_size: sentences per compiled batch (None: the run's config.eval.batch_size, the
+      rows of every program the run compiled ahead).
     sample_seed, temperature, top_k: sample instead of searching when a seed is given.
       `search_strategy` turns these search arguments into `self.strategy`.
     ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.ensemble`), each
@@ -148,7 +160,7 @@ class Translator:
   """
 
   def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
-               alpha: float = 0.6, nbest: int = 1, batch_size: int = 64,
+               alpha: float = 0.6, nbest: int = 1, batch_size: int | None = None,
                sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
                ensemble: Sequence[str | Path] = ()):
     workdir = Path(workdir)
@@ -165,7 +177,8 @@ class Translator:
     self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
     self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
                                     temperature=temperature, top_k=top_k)
-    self.workdir, self.batch_size, self.nbest = workdir, batch_size, nbest
+    self.batch_size = batch_size or self.config.eval.batch_size
+    self.workdir, self.nbest = workdir, nbest
     self.beam_size, self.alpha = beam_size, alpha
     members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
     if members is not None:
@@ -179,7 +192,8 @@ class Translator:
     finally:
       checkpoints.close()
     self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
-    model = build_model(self.config, self.tokenizer.vocab_size)
+    # Shapes only: the checkpoint's parameters are the first values (nothing to initialize).
+    model = nnx.eval_shape(lambda: build_model(self.config, self.tokenizer.vocab_size))
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.load_checkpoint(checkpoint, params)
     self._search = search_programs(self.graphdef, self.config, self.strategy)
@@ -208,7 +222,8 @@ class Translator:
     for (member, spec), config in zip(members, configs, strict=True):
       if spec == "selected":
         spec = selected_checkpoint(member)
-      graphdef, like = nnx.split(build_model(config, self.tokenizer.vocab_size), nnx.Param)
+      graphdef, like = nnx.split(
+          nnx.eval_shape(lambda c=config: build_model(c, self.tokenizer.vocab_size)), nnx.Param)
       steps, params = restore_params(member, spec, config, like)
       self.steps.append({"workdir": str(member), "checkpoint": spec, "steps": steps})
       architecture = json.dumps(config.model.to_dict(), sort_keys=True)
@@ -229,10 +244,10 @@ class Translator:
     results: list = [None] * len(src_ids)
     empty = [np.zeros(0, np.int32)] * len(src_ids)
     batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
-                                    bucket_step=self.config.data.bucket_step,
                                     max_len=self.config.model.max_len)
+    params = compiling.shapes(self.params)  # As the trainer compiled them ahead.
     for batch in batches:  # Every shape compiles at once, in parallel.
-      self._search.add(self.params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
+      self._search.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
     for batch in batches:
       ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"])))
       for row, index in enumerate(batch["index"]):

@@ -42,9 +42,12 @@ def fast_tiny_config():
   c.data.bucket_step = 16  # One padded length: one compiled train step.
   c.data.tokens_per_batch = 256
   c.eval.max_sentences = 8
-  c.eval.batch_size = 8
+  c.eval.batch_size = 64  # Rows of every evaluation batch: validation's 8 sentences are one.
   c.eval.max_decode_len_a = 1.0
   c.eval.max_decode_len_b = 0
+  # No evaluation searches compiled ahead (tests/test_compiling.py turns them on): most tests'
+  # runs are never evaluated at a beam, and many of their models are compiled once only.
+  c.eval.test_beam_size = 0
   return c
 
 
@@ -61,7 +64,7 @@ def shared_run_config(num_steps: int = 4):
 # fast_tiny_config's data and evaluation sizes, as flags of scripts/train.py.
 FAST = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
         "--config.data.bucket_step=16", "--config.eval.max_sentences=8",
-        "--config.eval.batch_size=8", "--config.eval.max_decode_len_a=1.0",
+        "--config.eval.batch_size=64", "--config.eval.max_decode_len_a=1.0",
         "--config.eval.max_decode_len_b=0"]
 
 

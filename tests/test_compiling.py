@@ -1,6 +1,9 @@
 """The persistent compilation cache, programs compiled ahead, and how many a run compiles."""
 
+import json
 import logging
+import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from seq2seq import compiling, train
+from seq2seq import compiling, evaluate, steps, train, train_actions, translator
 from seq2seq.translator import Translator
 from tests.helpers import fast_tiny_config
 
@@ -117,10 +120,12 @@ def test_the_cache_options_set_unless_the_environment_sets_them(tmp_path, enviro
 
 def test_programs_compile_ahead_then_run_without_compiling():
   programs = compiling.Programs("double", jax.jit(lambda x, y: 2 * x + y))
-  for n in (3, 5, 3):
-    programs.add(jax.ShapeDtypeStruct((n,), jnp.float32), jnp.float32(1.0))
+  for n, background in ((3, False), (5, True), (3, True)):  # Lowered here, or on the pool.
+    programs.add(jax.ShapeDtypeStruct((n,), jnp.float32), jnp.float32(1.0), background=background)
   assert len(programs) == 2
-  assert [from_cache for _, from_cache in programs.wait()] == [False, False]
+  assert [(done.key, done.from_cache) for done in programs.wait()] == [
+      (((3,), ()), False), (((5,), ()), False)]
+  assert programs.ready()
   inputs = [(jnp.arange(n, dtype=jnp.float32), jnp.float32(1.0)) for n in (3, 5)]
   with compiling.counting() as counts:
     out = [programs(*args) for args in inputs]
@@ -144,38 +149,144 @@ def test_counting_tells_compiled_from_cached(fresh_cache):
   assert second.cached == {"jit(fn)": 1} and not second.compiled
 
 
-@pytest.mark.slow  # Two trainings, each compiling six programs into an empty cache: 20-30 s.
+@pytest.mark.slow  # Two trainings into an empty cache: 20-30 s.
 def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fresh_cache,
                                                                              tmp_path, caplog):
   c = fast_tiny_config()
   c.data.max_len, c.data.bucket_step = 32, 8  # Lengths 8..32: two chosen (data.num_buckets).
-  c.eval.max_sentences = 40  # Five batches of 8: two lengths.
+  c.eval.max_sentences, c.eval.batch_size = 40, 8  # Five batches on four grid lengths.
   c.train.num_steps, c.eval.every_steps = 6, 3
+  c.eval.test_beam_size = 4  # The default (tests/helpers.py turns it off).
+  # Evaluation searches for up to 33 tokens (data.max_len + EOS): grid lengths 8 to 48.
+  ahead = translator.grid_sources(c, c.eval.batch_size)
+  assert [src.shape for src in ahead] == [(8, 8), (8, 16), (8, 24), (8, 32), (8, 48)]
   with caplog.at_level(logging.INFO, "seq2seq"), compiling.counting() as cold:
     train.train_and_evaluate(c, tmp_path / "cold")
-  # Each program once, at start-up, and nothing compiled for them later.
+  # Each program once: the validation searches and the five evaluation searches.
   assert (cold.compiled["jit(train_step)"], cold.compiled["jit(eval_step)"],
-          cold.compiled["jit(search_fn)"]) == (2, 2, 2)
+          cold.compiled["jit(search_fn)"]) == (2, 4, 4 + 5)
   started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled")]
-  assert len(started) == 1 and started[0].startswith(
-      "Compiled 6 programs (2 train steps, 2 validation losses, 2 validation searches) in ")
-  assert started[0].endswith(" s; none from the compilation cache.")
+  assert len(started) == 1 and started[0].startswith("Compiled 2 programs (2 train steps) in ")
+  assert started[0].endswith(" s; none from the compilation cache. Compiling 4 validation losses,"
+                             " 4 validation searches, 5 evaluation searches in the background.")
 
   caplog.clear()
   with caplog.at_level(logging.INFO, "seq2seq"), compiling.counting() as warm:
     train.train_and_evaluate(c, tmp_path / "warm")
   assert sum(warm.compiled.values()) == 0, warm.compiled
   assert (warm.cached["jit(train_step)"], warm.cached["jit(eval_step)"],
-          warm.cached["jit(search_fn)"]) == (2, 2, 2)
+          warm.cached["jit(search_fn)"]) == (2, 4, 4 + 5)
   started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled")]
-  assert started[0].endswith(" s; 6 of them from the compilation cache.")
+  assert " s; 2 of them from the compilation cache. Compiling" in started[0]
+  records = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").open()]
+  compiles = [r for r in records if r["split"] == "compile"]
+  assert [r["step"] for r in compiles] == [1, 3, 6]  # First step, first validation, the end.
+  assert compiles[0]["seconds_to_first_step"] > 0
+  assert [(p["program"], p["from_cache"]) for r in compiles for p in r["programs"]] == (
+      [("train step", True)] * 2 + [("validation loss", True)] * 4
+      + [("validation search", True)] * 4 + [("evaluation search", True)] * 5)
 
 
-def test_an_evaluation_compiles_at_most_two_searches(run, fresh_cache):
+def test_step_one_does_not_wait_for_the_validation_programs(tmp_path, monkeypatch):
+  """Validation's programs are held back until step 1 has finished and validation has said
+  that it waits for them: a run that compiled them before step 1 would never get there."""
+  first_step, announced, waits = threading.Event(), threading.Event(), []
+  eval_step, first_step_done = steps.eval_step, train_actions.CompileLog.first_step
+  write = train_actions.Progress.write
+
+  def held_back_eval_step(*args, **kwargs):  # Traced while the program compiles.
+    waits.append(first_step.wait(timeout=60) and announced.wait(timeout=60))
+    return eval_step(*args, **kwargs)
+
+  def after_first_step(self, *args):
+    first_step_done(self, *args)
+    first_step.set()
+
+  def noted(self, line):
+    write(self, line)
+    if "validation waits for its programs (1 validation loss, 1 validation search)" in line:
+      announced.set()
+
+  monkeypatch.setattr(steps, "eval_step", held_back_eval_step)
+  monkeypatch.setattr(train_actions.CompileLog, "first_step", after_first_step)
+  monkeypatch.setattr(train_actions.Progress, "write", noted)
+  c = fast_tiny_config()
+  c.train.num_steps = c.eval.every_steps = 2
+  result = train.train_and_evaluate(c, tmp_path / "run")
+  assert waits == [True] and result["step"] == 2
+
+
+def _dumped(directory) -> set[str]:
+  """The programs XLA dumped into `directory` (by the jitted function's name)."""
+  names = {"train_step", "eval_step", "search_fn"}
+  return {name for path in directory.glob("*") for name in names if name in path.name}
+
+
+def test_each_kind_of_program_compiles_with_its_own_options(fresh_cache, tmp_path):
+  """config.compile.train_options reach the train step's compiler, eval_options the
+  validation programs' and every search's (the evaluation commands' too): here XLA's dump
+  directory, whose files name the programs compiled with it."""
+  c = fast_tiny_config()
+  c.train.num_steps = c.eval.every_steps = 2
+  c.compile.train_options = f"xla_dump_to={tmp_path / 'train'}"
+  c.compile.eval_options = f"xla_dump_to={tmp_path / 'eval'},xla_dump_hlo_as_text=true"
+  train.train_and_evaluate(c, tmp_path / "run")
+  assert _dumped(tmp_path / "train") == {"train_step"}
+  assert _dumped(tmp_path / "eval") == {"eval_step", "search_fn"}
+
+  shutil.rmtree(tmp_path / "eval")
+  jax.clear_caches()
+  compilation_cache.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "another-cache"))
+  Translator(tmp_path / "run", "latest", beam_size=2).translate(["a dog runs"])
+  assert _dumped(tmp_path / "eval") == {"search_fn"}
+
+
+def test_an_option_that_xla_flags_sets_stays_the_users(monkeypatch, caplog):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4 --xla_dump_to=/tmp/mine")
+  monkeypatch.setattr(compiling, "_SAID_OVERRIDDEN", set())
+  with caplog.at_level(logging.INFO, "seq2seq"):
+    for _ in range(2):  # Said once.
+      options = compiling.compiler_options("xla_gpu_autotune_level=0,"
+                                           "xla_cpu_enable_fast_math=true")
+  assert options == {"xla_cpu_enable_fast_math": True}
+  assert [r.getMessage() for r in caplog.records] == [
+      "XLA_FLAGS sets xla_gpu_autotune_level; config.compile's value is not used for it."]
+  monkeypatch.delenv("XLA_FLAGS")
+  assert compiling.compiler_options(" xla_gpu_autotune_level = 0 ,a=0.5,b=text") == {
+      "xla_gpu_autotune_level": 0, "a": 0.5, "b": "text"}
+  assert compiling.compiler_options("") == {}
+
+
+@pytest.mark.slow  # A training, then three evaluations of 1,000 sentences: about a minute.
+def test_after_training_its_evaluations_compile_no_search(fresh_cache, tmp_path):
+  c = fast_tiny_config()
+  c.data.max_len = 64  # Sentences up to 64 subwords: the whole grid of model.max_len=64.
+  c.train.num_steps = c.eval.every_steps = 2
+  c.eval.test_beam_size = 4  # run_evaluation's beam
+  train.train_and_evaluate(c, tmp_path / "run")
+  jax.clear_caches()  # As in another process: only the persistent cache holds programs.
+  words = "two young men in red shirts are playing football on a green field".split()
+  lines = [" ".join(words[:1 + i % len(words)] * (1 + i % 4)) for i in range(40)]
+  for name in ("third.en", "third.de"):
+    (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+  for split, files in (("val", {}), ("test", {}),
+                       ("", dict(src_file=tmp_path / "third.en", ref_file=tmp_path / "third.de"))):
+    with compiling.counting() as counts:
+      evaluate.run_evaluation(tmp_path / "run", split=split or "test", checkpoint="latest",
+                              **{k: str(v) for k, v in files.items()})
+    assert counts.compiled["jit(search_fn)"] == 0 and counts.cached["jit(search_fn)"] > 0, (
+        split, counts.compiled, counts.cached)
+
+
+def test_an_evaluation_pads_to_the_grid(run, fresh_cache):
   translator = Translator(run, "latest", beam_size=2, batch_size=4)
   words = "a man in a blue shirt is riding a bike down the street".split()
   texts = [" ".join(words[:1 + i % len(words)]) for i in range(30)]
   with compiling.counting() as counts:
     translated = translator.translate(texts)
   assert len(translated) == 30
-  assert counts.compiled["jit(search_fn)"] == 2
+  lengths = {len(translator.tokenizer.encode(text)) + 1 for text in texts}  # With EOS.
+  assert min(lengths) <= 8 and 16 < max(lengths) <= 24
+  assert counts.compiled["jit(search_fn)"] == 3  # Sorted by length: batches of 8, 16, 24.
+  assert set(translator._search._futures) == {(4, 8), (4, 16), (4, 24)}

@@ -302,12 +302,12 @@ def test_eval_batches_cover_split_once():
   src, tgt = _synthetic(103)
   src[5] = np.array([4, 9], np.int32)
   tgt[5] = np.zeros(0, np.int32)  # Empty sides are kept in evaluation.
-  batches = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8)
+  batches = batching.eval_batches(src, tgt, batch_size=16, max_len=64)
   assert len(batches) == 7
   seen, lengths = [], []
   for b in batches:
     assert b["index"].dtype == np.int32 and b["index"].shape == (16,)
-    assert all(b[k].shape[0] == 16 and b[k].shape[1] % 8 == 0 and b[k].dtype == np.int32
+    assert all(b[k].shape[0] == 16 and b[k].shape[1] in batching.GRID and b[k].dtype == np.int32
                for k in ("src", "tgt_in", "tgt_out"))
     lengths.append(b["src"].shape[1])
     for r, i in enumerate(b["index"]):
@@ -321,10 +321,10 @@ def test_eval_batches_cover_split_once():
   assert sorted(seen) == list(range(103))
   assert lengths == sorted(lengths)  # Sorted by length: compact batches.
 
-  truncated = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8, max_len=10)
+  truncated = batching.eval_batches(src, tgt, batch_size=16, max_len=10)
   for b in truncated:
     for k in ("src", "tgt_in", "tgt_out"):
-      assert b[k].shape[1] <= 16 and (b[k] != PAD_ID).sum(axis=1).max() <= 10
+      assert b[k].shape[1] in (8, 10) and (b[k] != PAD_ID).sum(axis=1).max() <= 10
   assert sorted(i for b in truncated for i in b["index"] if i >= 0) == list(range(103))
 
 
@@ -373,13 +373,22 @@ def test_train_batches_have_at_most_num_buckets_shapes():
   assert epoch(two) == epoch(every) and len(epoch(two)) == two.num_examples  # Each once.
 
 
-def test_eval_batches_have_at_most_two_lengths():
+def test_eval_batches_pad_to_the_grid_so_that_similar_sets_share_shapes():
+  assert batching.grid_lengths(64) == [8, 16, 24, 32, 48, 64]
+  assert batching.grid_lengths(100) == [8, 16, 24, 32, 48, 64, 96, 100]  # Capped by max_len.
+  assert [batching.grid_length(n, 100) for n in (1, 8, 9, 33, 97, 100, 500)] == [
+      8, 8, 16, 48, 100, 100, 100]
   src, tgt = _synthetic(103)
-  batches = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8)
-  every = batching.eval_batches(src, tgt, batch_size=16, bucket_step=8, num_lengths=0)
-  assert len({b["src"].shape[1] for b in batches}) == 2
-  assert len({b["src"].shape[1] for b in every}) > 2
-  for few, each in zip(batches, every, strict=True):  # The same rows, padded further.
-    np.testing.assert_array_equal(few["index"], each["index"])
-    np.testing.assert_array_equal(few["src"][:, :each["src"].shape[1]], each["src"])
-    assert not few["src"][:, each["src"].shape[1]:].any()
+  batches = batching.eval_batches(src, tgt, batch_size=16, max_len=256)
+  for b in batches:  # Each the shortest grid length that holds its longest pair.
+    longest = max(len(src[i]) + 1 if i >= 0 else 0 for i in b["index"])
+    longest = max(longest, max(len(tgt[i]) + 1 for i in b["index"] if i >= 0))
+    assert b["src"].shape[1] == min(n for n in batching.GRID if n >= longest)
+  # Another set of similar lengths (other sentences, other padded lengths): the same shapes.
+  other_src, other_tgt = _synthetic(103, seed=1)
+  other = batching.eval_batches(other_src, other_tgt, batch_size=16, max_len=256)
+  assert [len(s) for s in other_src] != [len(s) for s in src]
+  assert ({b["src"].shape for b in other} == {b["src"].shape for b in batches}
+          == {(16, 16), (16, 24), (16, 32), (16, 48)})
+
+

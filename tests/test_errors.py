@@ -258,6 +258,13 @@ CASES = [
      "config.train.warmup_steps=-5 must not be negative."),
     ("unknown split", lambda r, t, v: train_with(t / "new", eval__split="dev"),
      "config.eval.split='dev' is not a split; use one of: train, val, test."),
+    ("compiler option without a value",
+     lambda r, t, v: train_with(t / "new", compile__eval_options="xla_gpu_autotune_level"),
+     "config.compile.eval_options='xla_gpu_autotune_level': 'xla_gpu_autotune_level' is not"
+     " name=value; pass XLA options such as config.compile.eval_options=xla_gpu_autotune_level=0"
+     " (several separated by commas)."),
+    ("negative test beam", lambda r, t, v: train_with(t / "new", eval__test_beam_size=-1),
+     "config.eval.test_beam_size=-1 must not be negative."),
     ("attention not of the family",
      lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
      "config.model.attention='linear' is not available for the rnn; use one of: none,"

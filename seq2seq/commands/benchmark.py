@@ -11,15 +11,29 @@ and tokens/s, against decoders that recompute cross-attention keys and values
 every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process. --profile: where the time of each
 goes (seq2seq/profile.py), one more JSON line per mode and beam.
+
+  seq2seq-benchmark --mode=padding,compile --config=configs/multi30k_transformer_wu2021.py \
+      [--threads=1,0]
+
+padding: the evaluation grid's padded tokens on the config's validation and test
+splits, against the two lengths per split chosen before it. compile: seconds to
+compile every program a run of the config compiles at start-up, into an empty
+cache, one after another (--threads=1) and in parallel (0: the default pool).
 """
 
 import json
 
 from absl import flags
 
-from seq2seq import benchmark, compiling
+from seq2seq import benchmark, startup_benchmark
+from seq2seq.cli import define_config_flag, run_main
+from seq2seq.errors import UserError
 
-_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode.")
+_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
+                          " padding, compile (these two of --config's run).")
+_CONFIG = define_config_flag()
+_THREADS = flags.DEFINE_list("threads", ["1", "0"], "compile: compiling threads to compare (1: one"
+                             " after another; 0: the default pool).")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
 _DIM = flags.DEFINE_integer("dim", 256, "Model width.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
@@ -41,7 +55,10 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
 
 def main(argv):
   del argv
-  compiling.enable_cache()  # Timings are of compiled programs: the cache changes only start-up.
+  run_main(_measure)  # Turns on the cache: timings are of compiled programs, it changes start-up.
+
+
+def _measure() -> None:
   sizes = dict(layers=_LAYERS.value, dim=_DIM.value, heads=_HEADS.value, mlp=_MLP.value,
                vocab=_VOCAB.value)
   if "train" in _MODE.value:
@@ -53,9 +70,25 @@ def main(argv):
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
       print(json.dumps(result), flush=True)
+  if {"padding", "compile"} & set(_MODE.value):
+    _startup(_MODE.value)
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
         **sizes, batch=_BATCH.value, length=_LENGTH.value, dtype=_DTYPE.value,
         decode_batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value], modes=_MODE.value):
+      print(json.dumps(result), flush=True)
+
+
+def _startup(modes: list[str]) -> None:
+  """--mode=padding and --mode=compile, of --config's run."""
+  if _CONFIG.value is None:
+    raise UserError("--mode=padding and --mode=compile measure a run's config; pass"
+                    " --config=configs/<name>.py.")
+  if "padding" in modes:
+    for result in startup_benchmark.padding_benchmark(_CONFIG.value):
+      print(json.dumps(result), flush=True)
+  if "compile" in modes:
+    for result in startup_benchmark.compile_benchmark(_CONFIG.value,
+                                                      [int(n) for n in _THREADS.value]):
       print(json.dumps(result), flush=True)

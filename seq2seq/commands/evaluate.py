@@ -25,7 +25,8 @@ from seq2seq.evaluate import run_evaluation, select_checkpoint
 
 _RUN = define_run_flags(ensemble=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
+_BATCH = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: the run's"
+                               " config.eval.batch_size, whose programs the run compiled).")
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
 _REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
 _PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")

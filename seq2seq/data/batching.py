@@ -256,47 +256,57 @@ class TrainBatches:
                         length)
 
 
-EVAL_SHAPES = 2  # Padded lengths of a split's evaluation batches, at most: programs to compile.
+# The one grid of evaluation lengths. Every validation loss and every search (validation,
+# seq2seq-evaluate, -translate, -compare) pads a batch to the shortest of these that holds its
+# longest sentence (or to model.max_len, the cap), always with the same number of rows. So a
+# program is a function of (length, rows), not of the test set, and every test set of similar
+# lengths reads the programs of the first one from the persistent compilation cache. Steps of
+# 8 up to 32, then of half the length: a batch pads at most 50% over its longest sentence.
+GRID = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def grid_lengths(max_len: int) -> list[int]:
+  """The evaluation lengths for sequences up to `max_len` (which caps the grid): every grid
+  length below it, then `max_len` itself."""
+  return [n for n in GRID if n < max_len] + [max_len]
+
+
+def grid_length(length: int, max_len: int) -> int:
+  """The shortest evaluation length that holds `length` tokens (at most `max_len`)."""
+  return next(n for n in grid_lengths(max_len) if n >= min(length, max_len))
 
 
 def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,
-                 bucket_step: int, max_len: int | None = None,
-                 num_lengths: int = EVAL_SHAPES) -> list[dict[str, np.ndarray]]:
-  """Every pair of a split exactly once, in batches of similar lengths and few shapes.
+                 max_len: int) -> list[dict[str, np.ndarray]]:
+  """Every pair of a split exactly once, in batches of similar lengths on the `GRID`.
 
   Args:
     src_ids: per example, `[src_length]` source ids without EOS.
     tgt_ids: per example, `[tgt_length]` target ids without BOS/EOS.
     batch_size: rows of every batch (the last is completed with PAD rows).
-    bucket_step: each batch's length is a multiple of this.
-    max_len: if given, truncate each side to `max_len - 1` ids so that with
-      EOS/BOS it fits in `max_len`.
-    num_lengths: the batches have at most this many lengths, chosen to waste
-      the fewest padded tokens (`bucket_lengths`; 0: each batch its own).
+    max_len: truncate each side to `max_len - 1` ids so that with EOS/BOS it fits in
+      `max_len`, the grid's cap (config.model.max_len).
 
   Returns:
-    Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`) and
-    "index" (int32 `[batch_size]`): each row's position in the split, -1 for
-    filler rows.
+    Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`, L from
+    `grid_lengths(max_len)`) and "index" (int32 `[batch_size]`): each row's position in the
+    split, -1 for filler rows.
   """
   if len(src_ids) != len(tgt_ids):
     raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
-  if max_len is not None:
-    src_ids = [s[:max_len - 1] for s in src_ids]
-    tgt_ids = [t[:max_len - 1] for t in tgt_ids]
+  src_ids = [s[:max_len - 1] for s in src_ids]
+  tgt_ids = [t[:max_len - 1] for t in tgt_ids]
   src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
   tgt_len = np.array([len(t) for t in tgt_ids], dtype=np.int64)
   lengths = np.maximum(src_len, tgt_len) + 1
   # By padded length, then source length (which bounds the decoding length).
   order = np.lexsort((src_len, lengths))
-  rows = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-  longest = np.array([lengths[r].max() for r in rows], np.int64)
-  chosen = np.array(bucket_lengths(longest, bucket_step, num_lengths))
   batches = []
-  for examples, length in zip(rows, chosen[np.searchsorted(chosen, longest)], strict=True):
+  for i in range(0, len(order), batch_size):
+    examples = order[i:i + batch_size]
     index = np.full(batch_size, -1, np.int32)
     index[:len(examples)] = examples
-    batch = _fill(src_ids, tgt_ids, index, int(length))
+    batch = _fill(src_ids, tgt_ids, index, grid_length(int(lengths[examples].max()), max_len))
     batch["index"] = index
     batches.append(batch)
   return batches

@@ -1,0 +1,101 @@
+"""What start-up and evaluation cost before any arithmetic: the padding of the shape grid on a
+run's real data, and the wall time of compiling a run's programs one after another or in
+parallel. `seq2seq-benchmark --mode=padding,compile --config=FILE` prints them as JSON lines.
+"""
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
+
+from seq2seq import compiling
+from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.trainer import VOCAB_SEED, Trainer
+
+PADDING_SPLITS = ("val", "test")
+
+
+def _padded(lengths: np.ndarray, rows: int, pad_to) -> tuple[int, int]:
+  """Padded tokens and distinct lengths of `lengths` sorted into batches of `rows`, each
+  batch padded (over all `rows`) to `pad_to(longest of each batch)`."""
+  ordered = np.sort(lengths)
+  longest = np.array([ordered[i:i + rows].max() for i in range(0, len(ordered), rows)])
+  padded = np.asarray(pad_to(longest))
+  return int(padded.sum() * rows), len(set(padded.tolist()))
+
+
+def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
+  """The padding of the evaluation grid on the config's validation and test splits, per split
+  and for sources alone (a search) and pairs (a validation loss), against the 2 padded lengths
+  per split (multiples of data.bucket_step) that evaluation chose before the grid."""
+  with tempfile.TemporaryDirectory() as workdir:
+    text = corpus.read_split(config.data, "train")
+    tok = tokenizer.load_or_train(Path(workdir), lambda: text.src + text.tgt,
+                                  config.data.vocab_size, seed=VOCAB_SEED)
+    results = []
+    for split in PADDING_SPLITS:
+      src, tgt = batching.encode_pairs(tok, corpus.read_split(config.data, split))
+      cap = config.model.max_len
+      src_len = np.array([min(len(s), cap - 1) + 1 for s in src])
+      pair_len = np.maximum(src_len, [min(len(t), cap - 1) + 1 for t in tgt])
+      for what, lengths in (("sources", src_len), ("pairs", pair_len)):
+        rows = config.eval.batch_size
+        grid, grid_programs = _padded(lengths, rows, lambda longest: [
+            batching.grid_length(int(n), cap) for n in longest])
+
+        def two_lengths(longest):
+          chosen = np.array(batching.bucket_lengths(longest, config.data.bucket_step, 2))
+          return chosen[np.searchsorted(chosen, longest)]
+
+        before, before_programs = _padded(lengths, rows, two_lengths)
+        real = int(lengths.sum())
+        results.append({
+            "benchmark": "padding", "split": split, "of": what, "rows": rows,
+            "sentences": len(lengths), "tokens": real, "grid_padded": grid,
+            "grid_padding": round(grid / real - 1, 4), "grid_lengths": grid_programs,
+            "two_lengths_padded": before, "two_lengths_padding": round(before / real - 1, 4),
+            "two_lengths_lengths": before_programs})
+  return results
+
+
+def compile_benchmark(config: ml_collections.ConfigDict, threads: list[int]) -> list[dict]:
+  """Seconds to compile every program a run of `config` compiles at start-up (train steps,
+  validation losses and searches, evaluation searches), into an empty persistent cache, with
+  each number of compiling threads in `threads` (1: one after another; 0: the default)."""
+  results = []
+  saved = jax.config.jax_compilation_cache_dir
+  try:
+    for n in threads:
+      with tempfile.TemporaryDirectory() as scratch:
+        jax.config.update("jax_compilation_cache_dir", str(Path(scratch) / "cache"))
+        compilation_cache.reset_cache()
+        jax.clear_caches()
+        config = ml_collections.ConfigDict(config.to_dict())
+        config.compile.threads = n
+        trainer = Trainer(config, Path(scratch))
+        start = time.perf_counter()
+        trainer.compile()
+        train_ready = _ready([trainer.train_step], start)
+        groups = [trainer.train_step, *trainer.validation_programs, trainer.evaluation_search]
+        all_ready = _ready(groups, start)
+        results.append({
+            "benchmark": "compile", "threads": n or compiling.default_threads(),
+            "programs": compiling.kinds(groups), "train_step_seconds": round(train_ready, 2),
+            "all_seconds": round(all_ready, 2),
+            "program_seconds": round(sum(r["seconds"] for r in compiling.records(groups)), 2),
+            "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
+  finally:
+    jax.config.update("jax_compilation_cache_dir", saved)
+    compilation_cache.reset_cache()
+  return results
+
+
+def _ready(groups: list[compiling.Programs], start: float) -> float:
+  for group in groups:
+    group.wait()
+  return time.perf_counter() - start
