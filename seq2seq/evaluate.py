@@ -17,7 +17,8 @@ log = logging.getLogger("seq2seq")
 
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
-                      beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None) -> dict:
+                      beam_size: int = 4, alpha: float = 0.6,
+                      batch_size: int | None = None) -> dict:
   """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
   records the one with the highest BLEU in `<workdir>/eval/selected.json`.
 

@@ -20,19 +20,28 @@ from seq2seq.trainer import VOCAB_SEED, Trainer
 PADDING_SPLITS = ("val", "test")
 
 
-def _padded(lengths: np.ndarray, rows: int, pad_to) -> tuple[int, int]:
-  """Padded tokens and distinct lengths of `lengths` sorted into batches of `rows`, each
-  batch padded (over all `rows`) to `pad_to(longest of each batch)`."""
+def _padded(lengths: np.ndarray, rows: int, pad_to) -> tuple[int, list[int]]:
+  """Padded tokens and the padded lengths (each once) of `lengths` sorted into batches of
+  `rows`, each batch padded (over all `rows`) to `pad_to(longest of each batch)`."""
   ordered = np.sort(lengths)
   longest = np.array([ordered[i:i + rows].max() for i in range(0, len(ordered), rows)])
   padded = np.asarray(pad_to(longest))
-  return int(padded.sum() * rows), len(set(padded.tolist()))
+  return int(padded.sum() * rows), sorted(set(padded.tolist()))
 
 
 def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
   """The padding of the evaluation grid on the config's validation and test splits, per split
   and for sources alone (a search) and pairs (a validation loss), against the 2 padded lengths
   per split (multiples of data.bucket_step) that evaluation chose before the grid."""
+  cap, rows = config.model.max_len, config.eval.batch_size
+
+  def grid(longest):
+    return [batching.grid_length(int(n), cap) for n in longest]
+
+  def two_lengths(longest):
+    chosen = np.array(batching.bucket_lengths(longest, config.data.bucket_step, 2))
+    return chosen[np.searchsorted(chosen, longest)]
+
   with tempfile.TemporaryDirectory() as workdir:
     text = corpus.read_split(config.data, "train")
     tok = tokenizer.load_or_train(Path(workdir), lambda: text.src + text.tgt,
@@ -40,26 +49,18 @@ def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
     results = []
     for split in PADDING_SPLITS:
       src, tgt = batching.encode_pairs(tok, corpus.read_split(config.data, split))
-      cap = config.model.max_len
       src_len = np.array([min(len(s), cap - 1) + 1 for s in src])
       pair_len = np.maximum(src_len, [min(len(t), cap - 1) + 1 for t in tgt])
       for what, lengths in (("sources", src_len), ("pairs", pair_len)):
-        rows = config.eval.batch_size
-        grid, grid_programs = _padded(lengths, rows, lambda longest: [
-            batching.grid_length(int(n), cap) for n in longest])
-
-        def two_lengths(longest):
-          chosen = np.array(batching.bucket_lengths(longest, config.data.bucket_step, 2))
-          return chosen[np.searchsorted(chosen, longest)]
-
-        before, before_programs = _padded(lengths, rows, two_lengths)
+        on_grid, grid_lengths = _padded(lengths, rows, grid)
+        before, before_lengths = _padded(lengths, rows, two_lengths)
         real = int(lengths.sum())
         results.append({
             "benchmark": "padding", "split": split, "of": what, "rows": rows,
-            "sentences": len(lengths), "tokens": real, "grid_padded": grid,
-            "grid_padding": round(grid / real - 1, 4), "grid_lengths": grid_programs,
+            "sentences": len(lengths), "tokens": real, "grid_padded": on_grid,
+            "grid_padding": round(on_grid / real - 1, 4), "grid_lengths": grid_lengths,
             "two_lengths_padded": before, "two_lengths_padding": round(before / real - 1, 4),
-            "two_lengths_lengths": before_programs})
+            "two_lengths_lengths": before_lengths})
   return results
 
 
@@ -80,8 +81,9 @@ def compile_benchmark(config: ml_collections.ConfigDict, threads: list[int]) -> 
         trainer = Trainer(config, Path(scratch))
         start = time.perf_counter()
         trainer.compile()
+        trainer.compile_background()  # All at once: the pool's threads decide the order.
         train_ready = _ready([trainer.train_step], start)
-        groups = [trainer.train_step, *trainer.validation_programs, trainer.evaluation_search]
+        groups = [trainer.train_step, *trainer.background_programs]
         all_ready = _ready(groups, start)
         results.append({
             "benchmark": "compile", "threads": n or compiling.default_threads(),

@@ -116,9 +116,9 @@ def _report_start(trainer) -> None:
 
 
 def _start(trainer: Trainer, workdir: Path, checkpoints: Checkpoints) -> tuple[TrainState, int]:
-  """Compiles the train step while the checkpoint is read, and starts compiling the other
-  programs in the background; returns the state to train from (the latest good checkpoint's,
-  or a new one) and its step."""
+  """Compiles the train step while the checkpoint is read; returns the state to train from
+  (the latest good checkpoint's, or a new one) and its step. The other programs compile
+  once the first step has run (`train_actions.CompileLog`)."""
   _report_start(trainer)
   compile_start = time.perf_counter()
   trainer.compile()
@@ -128,10 +128,7 @@ def _start(trainer: Trainer, workdir: Path, checkpoints: Checkpoints) -> tuple[T
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
-  background = [trainer.eval_step, trainer.translate_step, trainer.evaluation_search]
-  log.info("%s Compiling %s in the background.",
-           compiling.report([trainer.train_step], time.perf_counter() - compile_start),
-           compiling.kinds(background))
+  log.info(compiling.report([trainer.train_step], time.perf_counter() - compile_start))
   return state, start
 
 
@@ -153,7 +150,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
         run.compile_log.at_end(int(result.get("step", num_steps)))
       return result
   finally:  # A run that ends early compiles no more.
-    for programs in (trainer.eval_step, trainer.translate_step, trainer.evaluation_search):
+    for programs in trainer.background_programs:
       programs.cancel()
 
 

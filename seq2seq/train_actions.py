@@ -216,12 +216,16 @@ class CompileLog:
                                         "programs": records})
 
   def first_step(self, done: int, metrics: dict) -> None:
-    """After the run's first step (`done`), once its `metrics` are computed."""
+    """After the run's first step (`done`), once its `metrics` are computed: records when,
+    and starts compiling the other programs (so that they do not slow the first step)."""
     jax.block_until_ready(metrics)
     seconds = compiling.process_seconds()
-    self._say(f"step {done}: finished {seconds:.1f} s after the process started.")
     self.writer.write(done, "compile", {"seconds_to_first_step": seconds,
                                         "programs": compiling.records([self.trainer.train_step])})
+    self.trainer.compile_background()
+    background = compiling.kinds(self.trainer.background_programs)
+    self._say(f"step {done}: finished {seconds:.1f} s after the process started"
+              + (f"; compiling {background} in the background." if background else "."))
 
   def before_validation(self, done: int) -> None:
     if not self.validation_recorded:

@@ -148,19 +148,19 @@ class Trainer:
         name="evaluation search")  # Compiles nothing where test_beam_size is 0.
 
   def compile(self) -> None:
-    """Compiles every program the run calls (`compiling`): the train steps for each batch
-    shape before anything else, then in the background the validation loss and search for
-    each of the split's shapes, and the evaluation commands' searches on the grid (where a
-    persistent cache keeps them, and config.eval.test_beam_size asks for them)."""
-    def spec(shape):
-      return jax.ShapeDtypeStruct(shape, np.int32, sharding=self.data_sharding)
-
+    """Compiles the train step for each batch shape (`compiling`); `compile_background`
+    compiles the rest."""
     processes = jax.process_count()
     for rows, length in self.train_batches.shapes:  # This process's rows of each batch.
-      batch = {k: spec((rows * processes, length)) for k in self.train_batches.keys}
+      batch = {k: self._spec((rows * processes, length)) for k in self.train_batches.keys}
       self.train_step.add(self.abstract_state, batch, self.dropout_key)
+
+  def compile_background(self) -> None:
+    """Starts compiling, in the background, the validation loss and search for each of the
+    split's shapes, and the evaluation commands' searches on the grid (where a persistent
+    cache keeps them, and config.eval.test_beam_size asks for them)."""
     for batch in self.val_batches:
-      batch = {k: spec(v.shape) for k, v in batch.items() if k != "index"}
+      batch = {k: self._spec(v.shape) for k, v in batch.items() if k != "index"}
       self.eval_step.add(self.abstract_state.params, batch, background=True)
       self.translate_step.add(self.abstract_state.params, batch["src"], background=True)
     if (self.config.eval.test_beam_size and jax.process_index() == 0
@@ -169,9 +169,16 @@ class Trainer:
       for src in translator.grid_sources(self.config, self.config.eval.batch_size):
         self.evaluation_search.add(params, src, background=True)
 
+  def _spec(self, shape) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, np.int32, sharding=self.data_sharding)
+
   @property
   def validation_programs(self) -> list[compiling.Programs]:
     return [self.eval_step, self.translate_step]
+
+  @property
+  def background_programs(self) -> list[compiling.Programs]:
+    return [*self.validation_programs, self.evaluation_search]
 
   def new_state(self) -> TrainState:
     return self.init_state()

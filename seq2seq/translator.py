@@ -89,9 +89,10 @@ def search_programs(graphdef, config, strategy: decoding.Strategy, *, name: str 
 
 
 def grid_sources(config, rows: int) -> list[jax.ShapeDtypeStruct]:
-  """The source shapes of the searches a run's evaluation commands compile for sentences up
-  to config.data.max_len subwords: `rows` by each grid length that holds them."""
-  longest = batching.grid_length(config.data.max_len + 1, config.model.max_len)  # With EOS.
+  """The source shapes of the searches a run's evaluation commands compile for sentences as
+  long as its training's (config.data.max_len, EOS included): `rows` by each grid length
+  that holds them."""
+  longest = batching.grid_length(config.data.max_len, config.model.max_len)
   return [jax.ShapeDtypeStruct((rows, n), np.int32)
           for n in batching.grid_lengths(config.model.max_len) if n <= longest]
 

@@ -1,4 +1,5 @@
-"""The benchmark's FLOP count against XLA's own count of the compiled forward pass."""
+"""The benchmark's FLOP count against XLA's own count of the compiled forward pass, and the
+start-up benchmark's padding count."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import benchmark, profile
+from seq2seq import benchmark, profile, startup_benchmark
+from seq2seq.data import batching
 from seq2seq.models import build_model
 
 
@@ -105,3 +107,23 @@ def test_dots_alone_finds_every_product_with_its_flops():
                                           abs=1e-4)
   assert result["ms"] == pytest.approx(sum(r["ms_each"] * r["count"] for r in result["top"]),
                                        abs=0.1)
+
+
+def test_padding_is_counted_per_batch_over_every_row():
+  lengths = np.array([30, 3, 9, 17, 5, 9])  # Sorted into batches of 2: 3 5 | 9 9 | 17 30.
+  padded, lengths_used = startup_benchmark._padded(lengths, 2, lambda longest: [
+      batching.grid_length(int(n), 64) for n in longest])
+  assert (padded, lengths_used) == ((8 + 16 + 32) * 2, [8, 16, 32])
+
+
+def test_the_padding_benchmark_scores_the_grid_against_two_lengths(tiny_config):
+  tiny_config.data.max_train_examples = 300
+  results = startup_benchmark.padding_benchmark(tiny_config)
+  assert [(r["split"], r["of"]) for r in results] == [
+      ("val", "sources"), ("val", "pairs"), ("test", "sources"), ("test", "pairs")]
+  for r in results:
+    rows = -(-r["sentences"] // r["rows"]) * r["rows"]  # Filler rows complete the last batch.
+    assert r["tokens"] <= r["grid_padded"] <= rows * max(r["grid_lengths"])
+    assert set(r["grid_lengths"]) <= set(batching.grid_lengths(tiny_config.model.max_len))
+    assert len(r["two_lengths_lengths"]) <= 2
+    assert r["grid_padding"] == round(r["grid_padded"] / r["tokens"] - 1, 4)

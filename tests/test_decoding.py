@@ -118,6 +118,17 @@ def test_beam_one_equals_greedy(model):
   np.testing.assert_array_equal(ids[:, 0], greedy[:, 0])
 
 
+def test_padding_to_a_longer_grid_length_changes_no_translation(model):
+  """The grid pads a batch further than its longest sentence: at the same decoding cap, the
+  search reads PAD as nothing (scores equal to float rounding, ids exactly)."""
+  wider = jnp.pad(SRC, ((0, 0), (0, 18)), constant_values=PAD_ID)  # 6 -> 24, a grid length.
+  for strategy in (decoding.Greedy(), decoding.Beam(3, 0.6, 2)):
+    ids, scores = decoding.generate(model, SRC, strategy, max_len=10)
+    wide_ids, wide_scores = decoding.generate(model, wider, strategy, max_len=10)
+    np.testing.assert_array_equal(wide_ids, ids)
+    np.testing.assert_allclose(wide_scores, scores, rtol=1e-5, atol=1e-5)
+
+
 def test_cached_decoding_equals_uncached(model):
   """Greedy with the cache equals re-running teacher-forced decode on each prefix."""
   cached, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=8)
