@@ -67,7 +67,9 @@ def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
 def compile_benchmark(config: ml_collections.ConfigDict, threads: list[int]) -> list[dict]:
   """Seconds to compile every program a run of `config` compiles at start-up (train steps,
   validation losses and searches, evaluation searches), into an empty persistent cache, with
-  each number of compiling threads in `threads` (1: one after another; 0: the default)."""
+  each number of compiling threads in `threads` (1: one after another; 0: the default); then
+  what the programs so compiled (with config.compile's options) run at: the train step and
+  a validation search (`_run_times`)."""
   results = []
   saved = jax.config.jax_compilation_cache_dir
   try:
@@ -90,6 +92,8 @@ def compile_benchmark(config: ml_collections.ConfigDict, threads: list[int]) -> 
             "programs": compiling.kinds(groups), "train_step_seconds": round(train_ready, 2),
             "all_seconds": round(all_ready, 2),
             "program_seconds": round(sum(r["seconds"] for r in compiling.records(groups)), 2),
+            **_run_times(trainer), "train_options": config.compile.train_options,
+            "eval_options": config.compile.eval_options,
             "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
   finally:
     jax.config.update("jax_compilation_cache_dir", saved)
@@ -101,3 +105,29 @@ def _ready(groups: list[compiling.Programs], start: float) -> float:
   for group in groups:
     group.wait()
   return time.perf_counter() - start
+
+
+def _run_times(trainer: Trainer, steps: int = 10) -> dict:
+  """The compiled train step's seconds per step (the mean of `steps` after 3 unmeasured ones,
+  on the run's first batches) and the validation search's on the split's longest batch (the
+  fastest of 3 calls after one unmeasured)."""
+  state = trainer.new_state()
+  for step in range(3):
+    state, metrics = trainer.train_step(state, trainer.to_device(trainer.train_batches(step)),
+                                        trainer.dropout_key)
+  batches = [trainer.to_device(trainer.train_batches(3 + step)) for step in range(steps)]
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for batch in batches:
+    state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
+  jax.block_until_ready(metrics)
+  step_seconds = (time.perf_counter() - start) / steps
+  src = trainer.to_device(trainer.val_batches[-1])["src"]
+  jax.block_until_ready(trainer.translate_step(state.params, src))
+  search = []
+  for _ in range(3):
+    start = time.perf_counter()
+    jax.block_until_ready(trainer.translate_step(state.params, src))
+    search.append(time.perf_counter() - start)
+  return {"step_seconds": round(step_seconds, 5), "search_shape": list(src.shape),
+          "search_seconds": round(min(search), 5)}

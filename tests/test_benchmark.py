@@ -127,3 +127,13 @@ def test_the_padding_benchmark_scores_the_grid_against_two_lengths(tiny_config):
     assert set(r["grid_lengths"]) <= set(batching.grid_lengths(tiny_config.model.max_len))
     assert len(r["two_lengths_lengths"]) <= 2
     assert r["grid_padding"] == round(r["grid_padded"] / r["tokens"] - 1, 4)
+
+
+def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_config):
+  results = startup_benchmark.compile_benchmark(tiny_config, [1])
+  assert len(results) == 1 and results[0]["threads"] == 1
+  assert results[0]["programs"] == "1 train step, 1 validation loss, 1 validation search"
+  assert 0 < results[0]["train_step_seconds"] <= results[0]["all_seconds"]
+  rows, length = results[0]["search_shape"]  # The validation batch: eval rows, on the grid.
+  assert rows == tiny_config.eval.batch_size and length in batching.GRID
+  assert results[0]["step_seconds"] > 0 and results[0]["search_seconds"] > 0

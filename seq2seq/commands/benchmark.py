@@ -18,7 +18,9 @@ goes (seq2seq/profile.py), one more JSON line per mode and beam.
 padding: the evaluation grid's padded tokens on the config's validation and test
 splits, against the two lengths per split chosen before it. compile: seconds to
 compile every program a run of the config compiles at start-up, into an empty
-cache, one after another (--threads=1) and in parallel (0: the default pool).
+cache, one after another (--threads=1) and in parallel (0: the default pool),
+then the compiled train step's and validation search's times; compare compiler
+options with --config.compile.train_options=... and eval_options=....
 """
 
 import json
