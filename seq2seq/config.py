@@ -101,6 +101,9 @@ def _train_defaults() -> ml_collections.ConfigDict:
   t.dtype = "float32"  # Computation dtype ("bfloat16": mixed precision); parameters stay fp32.
   t.grad_accum_steps = 1  # Split each batch into k micro-batches; one update from their sum.
   t.fsdp = 1  # Shard parameters and optimizer state over this many devices (1 = replicate).
+  # Train steps per call of the compiled program (a lax.scan over that many batches of one
+  # shape): less host time per step. Actions still fall on their steps (tested equal to 1).
+  t.steps_per_call = 1
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
   t.patience = 0  # Stop after N evaluations without a better validation BLEU (0 = never).
   return t
@@ -321,7 +324,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
       "train.num_steps": t.num_steps, "train.learning_rate": t.learning_rate,
-      "train.grad_accum_steps": t.grad_accum_steps,
+      "train.grad_accum_steps": t.grad_accum_steps, "train.steps_per_call": t.steps_per_call,
       "train.log_every_steps": t.log_every_steps, "eval.every_steps": e.every_steps,
       "eval.batch_size": e.batch_size, "eval.beam_size": e.beam_size,
       "checkpoint.keep": config.checkpoint.keep,

@@ -1,6 +1,7 @@
-"""What start-up and evaluation cost before any arithmetic: the padding of the shape grid on a
-run's real data, and the wall time of compiling a run's programs one after another or in
-parallel. `seq2seq-benchmark --mode=padding,compile --config=FILE` prints them as JSON lines.
+"""What a run of a config costs beyond its arithmetic: the padding of the shape grid on its
+real data, the wall time of compiling its programs one after another or in parallel, and its
+steps/s at several steps per call. `seq2seq-benchmark --mode=padding,compile,calls
+--config=FILE` prints them as JSON lines.
 """
 
 import os
@@ -131,3 +132,32 @@ def _run_times(trainer: Trainer, steps: int = 10) -> dict:
     search.append(time.perf_counter() - start)
   return {"step_seconds": round(step_seconds, 5), "search_shape": list(src.shape),
           "search_seconds": round(min(search), 5)}
+
+
+def calls_benchmark(config: ml_collections.ConfigDict, steps_per_call: list[int],
+                    steps: int = 32) -> list[dict]:
+  """Steps/s of a run of `config` at each config.train.steps_per_call: `steps` steps
+  dispatched as the training loop does (calls of k where their batches share a shape, single
+  steps elsewhere), on its batches from step k, with their metrics read back once per call,
+  after one unmeasured call and with every program compiled."""
+  results = []
+  with tempfile.TemporaryDirectory() as scratch:
+    for k in steps_per_call:
+      config = ml_collections.ConfigDict(config.to_dict())
+      config.train.steps_per_call = k
+      trainer = Trainer(config, Path(scratch))
+      trainer.compile()
+      state, metrics = trainer.train(trainer.new_state(), 0, trainer.call_size(0, k))
+      jax.device_get(metrics)
+      trainer.train_step.wait()  # With k > 1, compiled in the background.
+      start, step, calls = time.perf_counter(), k, 0
+      while step < k + steps:
+        size = trainer.call_size(step, k + steps)
+        state, metrics = trainer.train(state, step, size)
+        jax.device_get(metrics)
+        step, calls = step + size, calls + 1
+      seconds = time.perf_counter() - start
+      results.append({"benchmark": "calls", "steps_per_call": k, "steps": steps, "calls": calls,
+                      "steps_per_second": round(steps / seconds, 3),
+                      "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
+  return results

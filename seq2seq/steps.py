@@ -95,6 +95,16 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
   return TrainState(state.step + 1, params, opt_state), metrics
 
 
+def train_steps(state: TrainState, batches: dict, dropout_key, **train_step_kwargs):
+  """`train_step` on each of k stacked batches (`[k, rows, L]`), one after the other, in one
+  program: `(state, batches, key) -> (state, metrics stacked [k])`. Step i's update is the
+  one `train_step` makes alone, dropout included (its key folds in the state's step)."""
+  def step(state, batch):
+    return train_step(state, batch, dropout_key, **train_step_kwargs)
+
+  return jax.lax.scan(step, state, batches)
+
+
 def eval_step(params, batch, *, graphdef):
   """Summed NLL and token count of a batch, without dropout or smoothing."""
   model = nnx.merge(graphdef, params)

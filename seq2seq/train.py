@@ -128,7 +128,7 @@ def _start(trainer: Trainer, workdir: Path, checkpoints: Checkpoints) -> tuple[T
   if restored is not None:
     log.info("Resumed %s at step %d.", workdir, restored)
   start = int(state.step)
-  log.info(compiling.report([trainer.train_step], time.perf_counter() - compile_start))
+  log.info(compiling.report(trainer.train_programs, time.perf_counter() - compile_start))
   return state, start
 
 
@@ -156,17 +156,20 @@ def _train(config: ml_collections.ConfigDict, workdir: Path, checkpoints: Checkp
 
 def _loop(trainer: Trainer, run: train_actions.LoopActions, state: TrainState,
           start: int) -> dict:
-  """The steps from `start`: `_train`'s loop."""
+  """The steps from `start`, `_train`'s loop: calls of config.train.steps_per_call steps
+  where they fit before the next action (`Trainer.call_size`), single steps elsewhere."""
   num_steps = trainer.config.train.num_steps
   last_eval = {}
   run.stop.before_start(start)
-  for step in range(start, num_steps):
-    batch = trainer.to_device(trainer.train_batches(step))
-    state, metrics = trainer.train_step(state, batch, trainer.dropout_key)
-    run.dispatched(metrics)
-    done = step + 1
+  step = start
+  while step < num_steps:
+    size = trainer.call_size(step, run.next_boundary(step))
+    state, metrics = trainer.train(state, step, size)
+    run.dispatched(metrics, size)
+    done = step + size
     if step == start:
       run.compile_log.first_step(done, metrics)
+    step = done
     log_now, evaluate_now = run.train_log.due(done), run.validate.due(done)
     save_now = run.periodic_save.due(done)
     stopping = run.stop.agreed(done, boundary=log_now or evaluate_now or save_now)

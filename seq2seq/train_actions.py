@@ -26,7 +26,8 @@ from seq2seq.train_state import learning_rate_schedule
 
 log = logging.getLogger("seq2seq")
 
-MAX_STEPS_AHEAD = 2  # Train steps dispatched but not finished, at most.
+MAX_STEPS_AHEAD = 2  # Train calls (of config.train.steps_per_call steps) dispatched but not
+# finished, at most.
 
 
 def _every(steps: int, done: int, num_steps: int) -> bool:
@@ -43,17 +44,17 @@ class Progress:
                          mininterval=2.0, disable=jax.process_index() != 0)
     self.unshown = collections.deque()  # Dispatched steps not yet counted by the bar.
 
-  def dispatched(self, metrics: dict) -> None:
-    """A train step was dispatched; `metrics` are its (future) metrics."""
-    self.unshown.append(metrics["tokens"])
-    while self.unshown and self.unshown[0].is_ready():
-      self.unshown.popleft()
-      self.bar.update(1)
+  def dispatched(self, metrics: dict, size: int = 1) -> None:
+    """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
+    self.unshown.append((metrics["tokens"], size))
+    while self.unshown and self.unshown[0][0].is_ready():
+      self.bar.update(self.unshown.popleft()[1])
     if len(self.unshown) > MAX_STEPS_AHEAD:
       # Dispatch runs at most this far ahead of the device: a signal stops within a few
-      # steps, the bar stays current, and queued batches do not pile up in memory.
-      self.unshown.popleft().block_until_ready()
-      self.bar.update(1)
+      # calls, the bar stays current, and queued batches do not pile up in memory.
+      tokens, size = self.unshown.popleft()
+      tokens.block_until_ready()
+      self.bar.update(size)
 
   def logged(self, done: int, record: dict) -> None:
     """Every step up to `done` has finished (its record was fetched)."""
@@ -75,14 +76,21 @@ class Interval:
     self.restart()
 
   def restart(self) -> None:
-    self.metrics, self.checked, self.start = [], 0, time.perf_counter()
+    self.calls, self.metrics, self.start = [], [], time.perf_counter()
+
+  def add(self, metrics: dict, size: int) -> None:
+    """A call of `size` steps: its metrics (on the device; stacked `[size]` if size > 1)."""
+    self.calls.append((metrics, size))
 
   def unchecked(self) -> list[dict]:
-    """The metrics not yet checked, fetched to the host once: they stay there for the log.
-    `metrics[:checked]` are on the host and known finite."""
-    self.metrics[self.checked:] = jax.device_get(self.metrics[self.checked:])
-    fetched = self.metrics[self.checked:]
-    self.checked = len(self.metrics)
+    """Per step, the metrics of the calls not yet checked, fetched to the host once: they
+    stay there (`metrics`, every step's since the record) for the log."""
+    fetched = []
+    for metrics, size in jax.device_get(self.calls):
+      fetched += [metrics] if size == 1 else [{k: v[i] for k, v in metrics.items()}
+                                              for i in range(size)]
+    self.calls = []
+    self.metrics += fetched
     return fetched
 
 
@@ -221,7 +229,7 @@ class CompileLog:
     jax.block_until_ready(metrics)
     seconds = compiling.process_seconds()
     self.writer.write(done, "compile", {"seconds_to_first_step": seconds,
-                                        "programs": compiling.records([self.trainer.train_step])})
+                                        "programs": compiling.records(self.trainer.train_programs)})
     self.trainer.compile_background()
     background = compiling.kinds(self.trainer.background_programs)
     self._say(f"step {done}: finished {seconds:.1f} s after the process started"
@@ -233,8 +241,11 @@ class CompileLog:
       self.validation_recorded = True
 
   def at_end(self, done: int) -> None:
-    """Waits for the evaluation commands' searches: the persistent cache then holds them."""
-    self._wait(done, [self.trainer.evaluation_search], "the end of training")
+    """Waits for the programs compiled in the background but not for validation (the
+    evaluation commands' searches): the persistent cache then holds them."""
+    validation = self.trainer.validation_programs
+    self._wait(done, [group for group in self.trainer.background_programs
+                      if group not in validation], "the end of training")
 
 
 class PeriodicSave:
@@ -331,10 +342,18 @@ class LoopActions:
       self.writer.close()
       raise
 
-  def dispatched(self, metrics: dict) -> None:
-    """A train step was dispatched; `metrics` are its (future) metrics."""
-    self.interval.metrics.append(metrics)
-    self.progress.dispatched(metrics)
+  def dispatched(self, metrics: dict, size: int = 1) -> None:
+    """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
+    self.interval.add(metrics, size)
+    self.progress.dispatched(metrics, size)
+
+  def next_boundary(self, step: int) -> int:
+    """The first step after `step` at which an action may be due (a train record, validation,
+    a periodic checkpoint, the last step): no call of several steps runs past it."""
+    config = self.validate.trainer.config
+    everies = [config.train.log_every_steps, config.eval.every_steps,
+               config.checkpoint.every_steps]
+    return min([config.train.num_steps] + [(step // n + 1) * n for n in everies if n])
 
   def __enter__(self):
     return self

@@ -68,6 +68,8 @@ class Trainer:
     self.mesh = distributed.make_mesh(config.train.fsdp)
     self.replicated = NamedSharding(self.mesh, P())
     self.data_sharding = distributed.batch_sharding(self.mesh)
+    # Stacked batches `[k, rows, L]` (`steps_per_call`): each batch's rows split as one's.
+    self.stacked_sharding = NamedSharding(self.mesh, P(None, *self.data_sharding.spec))
     self._make_batches(train_text)
     state_sharding = self._make_state()
     self._make_programs(state_sharding)
@@ -132,6 +134,14 @@ class Trainer:
         in_shardings=(state_sharding, self.data_sharding, self.replicated),
         out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape,
         options=train_options, threads=threads)
+    k = config.train.steps_per_call  # k stacked batches: a call of k steps.
+    self.train_call = compiling.Programs(f"{k}-step train call", jax.jit(
+        functools.partial(steps.train_steps, graphdef=self.graphdef, optimizer=self.optimizer,
+                          label_smoothing=config.train.label_smoothing,
+                          accum_steps=config.train.grad_accum_steps),
+        in_shardings=(state_sharding, self.stacked_sharding, self.replicated),
+        out_shardings=(state_sharding, self.replicated), donate_argnums=0),
+        lambda state, batches, *_: batches["src"].shape, options=train_options, threads=threads)
     self.eval_step = compiling.Programs("validation loss", jax.jit(
         functools.partial(steps.eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
@@ -148,12 +158,41 @@ class Trainer:
         name="evaluation search")  # Compiles nothing where test_beam_size is 0.
 
   def compile(self) -> None:
-    """Compiles the train step for each batch shape (`compiling`); `compile_background`
+    """Compiles the train step for each batch shape (`compiling`), or with
+    config.train.steps_per_call k > 1 the call of k steps (and, in the background, the single
+    step, for the steps before an action that a call of k would pass); `compile_background`
     compiles the rest."""
-    processes = jax.process_count()
+    processes, k = jax.process_count(), self.config.train.steps_per_call
     for rows, length in self.train_batches.shapes:  # This process's rows of each batch.
-      batch = {k: self._spec((rows * processes, length)) for k in self.train_batches.keys}
-      self.train_step.add(self.abstract_state, batch, self.dropout_key)
+      batch = {key: self._spec((rows * processes, length)) for key in self.train_batches.keys}
+      self.train_step.add(self.abstract_state, batch, self.dropout_key, background=k > 1)
+      if k > 1:
+        stacked = {key: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=self.stacked_sharding)
+                   for key, x in batch.items()}
+        self.train_call.add(self.abstract_state, stacked, self.dropout_key)
+
+  def call_size(self, step: int, boundary: int) -> int:
+    """How many steps the call from `step` runs: config.train.steps_per_call if they stay
+    before `boundary` (`LoopActions.next_boundary`) and their batches share one shape, else 1."""
+    k = self.config.train.steps_per_call
+    if k == 1 or step + k > boundary:
+      return 1
+    return k if len({self.train_batches.length(step + i) for i in range(k)}) == 1 else 1
+
+  def train(self, state: TrainState, step: int, size: int):
+    """Dispatches the call of `size` steps from `step` (`call_size`): (state, metrics)."""
+    if size == 1:
+      return self.train_step(state, self.to_device(self.train_batches(step)), self.dropout_key)
+    batches = [self.train_batches(step + i) for i in range(size)]
+    stacked = {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+    arrays = {key: jax.make_array_from_process_local_data(self.stacked_sharding, v)
+              for key, v in stacked.items()}
+    return self.train_call(state, arrays, self.dropout_key)
+
+  @property
+  def train_programs(self) -> list[compiling.Programs]:
+    """The programs step 1 may need: the train steps, or the calls of several."""
+    return [self.train_call] if self.config.train.steps_per_call > 1 else [self.train_step]
 
   def compile_background(self) -> None:
     """Starts compiling, in the background, the validation loss and search for each of the
@@ -178,7 +217,8 @@ class Trainer:
 
   @property
   def background_programs(self) -> list[compiling.Programs]:
-    return [*self.validation_programs, self.evaluation_search]
+    single = [self.train_step] if self.config.train.steps_per_call > 1 else []
+    return [*single, *self.validation_programs, self.evaluation_search]
 
   def new_state(self) -> TrainState:
     return self.init_state()

@@ -137,3 +137,11 @@ def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_conf
   rows, length = results[0]["search_shape"]  # The validation batch: eval rows, on the grid.
   assert rows == tiny_config.eval.batch_size and length in batching.GRID
   assert results[0]["step_seconds"] > 0 and results[0]["search_seconds"] > 0
+
+
+def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
+  results = startup_benchmark.calls_benchmark(tiny_config, [1, 2], steps=4)
+  assert [(r["steps_per_call"], r["steps"]) for r in results] == [(1, 4), (2, 4)]
+  # The fast tiny run's batches have one shape: every call of k=2 holds two steps.
+  assert [r["calls"] for r in results] == [4, 2]
+  assert all(r["steps_per_second"] > 0 for r in results)

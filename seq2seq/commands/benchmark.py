@@ -12,15 +12,17 @@ every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process. --profile: where the time of each
 goes (seq2seq/profile.py), one more JSON line per mode and beam.
 
-  seq2seq-benchmark --mode=padding,compile --config=configs/multi30k_transformer_wu2021.py \
-      [--threads=1,0]
+  seq2seq-benchmark --mode=padding,compile,calls \
+      --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8]
 
 padding: the evaluation grid's padded tokens on the config's validation and test
 splits, against the two lengths per split chosen before it. compile: seconds to
 compile every program a run of the config compiles at start-up, into an empty
 cache, one after another (--threads=1) and in parallel (0: the default pool),
 then the compiled train step's and validation search's times; compare compiler
-options with --config.compile.train_options=... and eval_options=....
+options with --config.compile.train_options=... and eval_options=.... calls:
+steps/s at each --steps_per_call (config.train.steps_per_call), metrics read
+back once per call as in training.
 """
 
 import json
@@ -32,8 +34,9 @@ from seq2seq.cli import define_config_flag, run_main
 from seq2seq.errors import UserError
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
-                          " padding, compile (these two of --config's run).")
+                          " padding, compile, calls (these three of --config's run).")
 _CONFIG = define_config_flag()
+_CALLS = flags.DEFINE_list("steps_per_call", ["1", "4", "8"], "calls: steps per call to compare.")
 _THREADS = flags.DEFINE_list("threads", ["1", "0"], "compile: compiling threads to compare (1: one"
                              " after another; 0: the default pool).")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
@@ -72,7 +75,7 @@ def _measure() -> None:
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
       print(json.dumps(result), flush=True)
-  if {"padding", "compile"} & set(_MODE.value):
+  if {"padding", "compile", "calls"} & set(_MODE.value):
     _startup(_MODE.value)
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
@@ -85,7 +88,7 @@ def _measure() -> None:
 def _startup(modes: list[str]) -> None:
   """--mode=padding and --mode=compile, of --config's run."""
   if _CONFIG.value is None:
-    raise UserError("--mode=padding and --mode=compile measure a run's config; pass"
+    raise UserError("--mode=padding, compile and calls measure a run's config; pass"
                     " --config=configs/<name>.py.")
   if "padding" in modes:
     for result in startup_benchmark.padding_benchmark(_CONFIG.value):
@@ -93,4 +96,8 @@ def _startup(modes: list[str]) -> None:
   if "compile" in modes:
     for result in startup_benchmark.compile_benchmark(_CONFIG.value,
                                                       [int(n) for n in _THREADS.value]):
+      print(json.dumps(result), flush=True)
+  if "calls" in modes:
+    for result in startup_benchmark.calls_benchmark(_CONFIG.value,
+                                                    [int(k) for k in _CALLS.value]):
       print(json.dumps(result), flush=True)

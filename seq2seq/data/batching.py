@@ -230,6 +230,11 @@ class TrainBatches:
       self._plans = dict(list(self._plans.items())[-1:] + [(epoch, plan)])
     return plan
 
+  def length(self, step: int) -> int:
+    """The padded length L of the batch of `step` (its shape is `(rows(L), L)`)."""
+    epoch, index = divmod(step, self.batches_per_epoch)
+    return self._plan(epoch)[index][0]
+
   def __call__(self, step: int) -> dict[str, np.ndarray]:
     """This process's rows of the global batch for `step`.
 
