@@ -31,13 +31,11 @@ def _padded(lengths: np.ndarray, rows: int, pad_to) -> tuple[int, list[int]]:
 
 
 def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
-  """The padding of the evaluation grid on the config's validation and test splits, per split
-  and for sources alone (a search) and pairs (a validation loss), against the 2 padded lengths
-  per split (multiples of data.bucket_step) that evaluation chose before the grid."""
+  """The padding of the evaluation grid (`batching.eval_batches`) on the config's validation
+  and test splits, per split and for sources alone (a search) and pairs (a validation loss),
+  against the 2 padded lengths per split (multiples of data.bucket_step) that evaluation
+  chose before the grid (`_padded` of the same sorted batches)."""
   cap, rows = config.model.max_len, config.eval.batch_size
-
-  def grid(longest):
-    return [batching.grid_length(int(n), cap) for n in longest]
 
   def two_lengths(longest):
     chosen = np.array(batching.bucket_lengths(longest, config.data.bucket_step, 2))
@@ -50,16 +48,19 @@ def padding_benchmark(config: ml_collections.ConfigDict) -> list[dict]:
     results = []
     for split in PADDING_SPLITS:
       src, tgt = batching.encode_pairs(tok, corpus.read_split(config.data, split))
-      src_len = np.array([min(len(s), cap - 1) + 1 for s in src])
-      pair_len = np.maximum(src_len, [min(len(t), cap - 1) + 1 for t in tgt])
-      for what, lengths in (("sources", src_len), ("pairs", pair_len)):
-        on_grid, grid_lengths = _padded(lengths, rows, grid)
+      no_tgt = [np.zeros(0, np.int32)] * len(src)
+      for what, targets in (("sources", no_tgt), ("pairs", tgt)):
+        batches = batching.eval_batches(src, targets, batch_size=rows, max_len=cap)
+        on_grid = sum(batch["src"].size for batch in batches)
+        lengths = np.array([max(min(len(s), cap - 1), min(len(t), cap - 1)) + 1
+                            for s, t in zip(src, targets, strict=True)])
         before, before_lengths = _padded(lengths, rows, two_lengths)
         real = int(lengths.sum())
         results.append({
             "benchmark": "padding", "split": split, "of": what, "rows": rows,
             "sentences": len(lengths), "tokens": real, "grid_padded": on_grid,
-            "grid_padding": round(on_grid / real - 1, 4), "grid_lengths": grid_lengths,
+            "grid_padding": round(on_grid / real - 1, 4),
+            "grid_lengths": sorted({batch["src"].shape[1] for batch in batches}),
             "two_lengths_padded": before, "two_lengths_padding": round(before / real - 1, 4),
             "two_lengths_lengths": before_lengths})
   return results
@@ -85,8 +86,8 @@ def compile_benchmark(config: ml_collections.ConfigDict, threads: list[int]) -> 
         start = time.perf_counter()
         trainer.compile()
         trainer.compile_background()  # All at once: the pool's threads decide the order.
-        train_ready = _ready([trainer.train_step], start)
-        groups = [trainer.train_step, *trainer.background_programs]
+        train_ready = _ready(trainer.train_programs, start)
+        groups = [*trainer.train_programs, *trainer.background_programs]
         all_ready = _ready(groups, start)
         results.append({
             "benchmark": "compile", "threads": n or compiling.default_threads(),

@@ -163,7 +163,7 @@ def _loop(trainer: Trainer, run: train_actions.LoopActions, state: TrainState,
   run.stop.before_start(start)
   step = start
   while step < num_steps:
-    size = trainer.call_size(step, run.next_boundary(step))
+    size = trainer.call_size(step, run.next_boundary(step, trainer.config.train.steps_per_call))
     state, metrics = trainer.train(state, step, size)
     run.dispatched(metrics, size)
     done = step + size

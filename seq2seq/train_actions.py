@@ -347,13 +347,14 @@ class LoopActions:
     self.interval.add(metrics, size)
     self.progress.dispatched(metrics, size)
 
-  def next_boundary(self, step: int) -> int:
-    """The first step after `step` at which an action may be due (a train record, validation,
-    a periodic checkpoint, the last step): no call of several steps runs past it."""
-    config = self.validate.trainer.config
-    everies = [config.train.log_every_steps, config.eval.every_steps,
-               config.checkpoint.every_steps]
-    return min([config.train.num_steps] + [(step // n + 1) * n for n in everies if n])
+  def next_boundary(self, step: int, within: int) -> int:
+    """The first step after `step`, at most `step + within`, at which an action is due (a
+    train record, validation, a periodic checkpoint; the last step is a record's): no call of
+    several steps runs past it."""
+    for done in range(step + 1, step + within):
+      if self.train_log.due(done) or self.validate.due(done) or self.periodic_save.due(done):
+        return done
+    return step + within
 
   def __enter__(self):
     return self

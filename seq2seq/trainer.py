@@ -173,7 +173,7 @@ class Trainer:
 
   def call_size(self, step: int, boundary: int) -> int:
     """How many steps the call from `step` runs: config.train.steps_per_call if they stay
-    before `boundary` (`LoopActions.next_boundary`) and their batches share one shape, else 1."""
+    within `boundary` (`LoopActions.next_boundary`) and their batches share one shape, else 1."""
     k = self.config.train.steps_per_call
     if k == 1 or step + k > boundary:
       return 1
@@ -185,9 +185,8 @@ class Trainer:
       return self.train_step(state, self.to_device(self.train_batches(step)), self.dropout_key)
     batches = [self.train_batches(step + i) for i in range(size)]
     stacked = {key: np.stack([b[key] for b in batches]) for key in batches[0]}
-    arrays = {key: jax.make_array_from_process_local_data(self.stacked_sharding, v)
-              for key, v in stacked.items()}
-    return self.train_call(state, arrays, self.dropout_key)
+    return self.train_call(state, self.to_device(stacked, self.stacked_sharding),
+                           self.dropout_key)
 
   @property
   def train_programs(self) -> list[compiling.Programs]:
@@ -223,9 +222,10 @@ class Trainer:
   def new_state(self) -> TrainState:
     return self.init_state()
 
-  def to_device(self, local_batch: dict) -> dict:
-    """Process-local numpy rows -> global arrays sharded along the `data` axis."""
-    return {k: jax.make_array_from_process_local_data(self.data_sharding, v)
+  def to_device(self, local_batch: dict, sharding: NamedSharding | None = None) -> dict:
+    """Process-local numpy rows -> global arrays sharded along the `data` axis (or as
+    `sharding` says: `stacked_sharding` for k stacked batches)."""
+    return {k: jax.make_array_from_process_local_data(sharding or self.data_sharding, v)
             for k, v in local_batch.items() if k != "index"}
 
   def _local_rows(self, batch: dict) -> dict:
