@@ -3,7 +3,9 @@
 `run_sweep(config, ["model.attention=dot,general", "train.seed=0,1"], root)`
 trains every combination in `root/<readable name>`: finished runs are
 skipped, unfinished ones resume, and a failure is recorded without stopping
-the others.
+the others. The runs that differ only in train.seed (the seeds of one point)
+train as one program (`train.train_seeds`) where they start from one step,
+unless `one_by_one`; either way each is an ordinary run in its own workdir.
 """
 
 import concurrent.futures
@@ -58,31 +60,64 @@ def expand(config: ml_collections.ConfigDict,
 
 
 def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
-  if not (workdir / workdirs.CHECKPOINTS).is_dir():
-    return False
-  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
-  try:
-    latest = checkpoints.latest_step()
-  finally:
-    checkpoints.close()
+  latest = _latest_step(workdir, config)
   return latest is not None and latest >= config.train.num_steps
 
 
-def _train(config_json: str, workdir: str) -> str | None:
-  """Trains one run; returns how it was stopped early (e.g. "stopped by SIGTERM at step 7")."""
-  from seq2seq import train  # In a fresh process when run in parallel.
-
-  result = train.train_and_evaluate(config_lib.from_json(config_json), workdir)
+def _stopped(result: dict) -> str | None:
+  """How a run was stopped early (e.g. "stopped by SIGTERM at step 7"), if it was."""
   if result.get("interrupted"):
     return f"stopped by {result['interrupted']} at step {result['step']}"
   return None
 
 
+def _train(config_json: str, workdirs_by_seed: dict[int, str]) -> dict[int, str | Exception | None]:
+  """Trains one run, or the seeds of one point as one program (more than one workdir); per
+  seed, how it was stopped early (`_stopped`), or the error that ended that member alone."""
+  from seq2seq import train  # In a fresh process when run in parallel.
+
+  config = config_lib.from_json(config_json)
+  if len(workdirs_by_seed) == 1:
+    return {seed: _stopped(train.train_and_evaluate(config, workdir))
+            for seed, workdir in workdirs_by_seed.items()}
+  results = train.train_seeds(config, workdirs_by_seed)
+  return {seed: r if isinstance(r, Exception) else _stopped(r) for seed, r in results.items()}
+
+
+def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], root: Path,
+                 one_by_one: bool) -> list[list[tuple[str, ml_collections.ConfigDict]]]:
+  """The runs to train, in groups trained as one program: the seeds of one point (runs
+  whose configs differ in train.seed alone) that start from one step; each other run alone."""
+  points = {}
+  for name, run in todo:
+    point = config_lib.from_json(config_lib.to_json(run))
+    point.train.seed = 0
+    points.setdefault(config_lib.to_json(point), []).append((name, run))
+  groups = []
+  for runs in points.values():
+    if one_by_one or len(runs) == 1 or len({_latest_step(root / name, run)
+                                            for name, run in runs}) > 1:
+      groups += [[one] for one in runs]
+    else:
+      groups.append(runs)
+  return groups
+
+
+def _latest_step(workdir: Path, config: ml_collections.ConfigDict) -> int | None:
+  if not (workdir / workdirs.CHECKPOINTS).is_dir():
+    return None
+  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+  try:
+    return checkpoints.latest_step()
+  finally:
+    checkpoints.close()
+
+
 def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | Path,
-              parallel: int = 1) -> dict[str, str]:
-  """Trains every combination; returns run name -> "trained", "skipped", "failed: ...",
-  "in use by another training ..." (another sweep trains it), "stopped by SIGTERM at step N"
-  or "not started" (after a stop)."""
+              parallel: int = 1, one_by_one: bool = False) -> dict[str, str]:
+  """Trains every combination, the seeds of each point as one program unless `one_by_one`;
+  returns run name -> "trained", "skipped", "failed: ...", "in use by another training ..."
+  (another sweep trains it), "stopped by SIGTERM at step N" or "not started" (after a stop)."""
   if parallel < 1:
     raise UserError(f"--parallel={parallel} must be at least 1 (runs trained at once).")
   root = Path(root)
@@ -90,49 +125,80 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
   for _, run in runs:
     config_lib.validate(run)  # Every combination is checked before any trains.
     models.check_config(run)
-  status, todo = {}, []
+  status = _Status()
+  todo = []
   for name, run in runs:
     if is_complete(root / name, run):
-      status[name] = "skipped"
+      status.record(name, "skipped", quiet=True)
     else:
       todo.append((name, run))
-  log.info("Sweep of %d runs in %s: %d finished, %d to train.", len(runs), root,
-           len(runs) - len(todo), len(todo))
-
-  def record(name, stopped=None, error=None):
-    if isinstance(error, workdirs.WorkdirInUse):  # Another sweep's (or training's) run: not ours.
-      status[name] = (f"in use by another training ({error.holder}); not trained here: run the"
-                      " sweep again once it ends")
-    else:
-      status[name] = (f"failed: {type(error).__name__}: {error}" if error
-                      else stopped or "trained")
-    log.info("%s: %s", name, status[name])
-
+  groups = _seed_groups(todo, root, one_by_one)
+  together = [group for group in groups if len(group) > 1]
+  log.info("Sweep of %d runs in %s: %d finished, %d to train%s.", len(runs), root,
+           len(runs) - len(todo), len(todo),
+           "; seeds as one program: " + "; ".join(" + ".join(name for name, _ in group)
+                                                  for group in together)
+           if together else "; seeds one by one (--one_by_one)" if one_by_one else "")
+  tasks = [(config_lib.to_json(group[0][1]),
+            {run.train.seed: str(root / name) for name, run in group},
+            {run.train.seed: name for name, run in group}) for group in groups]
   # A run stopped by SIGTERM/SIGINT (it saved a checkpoint) stops the sweep: running the same
   # command again resumes it. Runs that did not start say so.
   if parallel <= 1:
-    for name, run in todo:
+    for task in tasks:
       try:
-        record(name, stopped=_train(config_lib.to_json(run), str(root / name)))
+        status.trained(task[2], _train(*task[:2]))
       except Exception as e:  # noqa: BLE001 (one failure must not stop the sweep)
-        record(name, error=e)
-      if status[name].startswith("stopped"):
+        status.failed(task[2], e)
+      if status.stopped:
         break
   else:
-    context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
-    # Each new process turns on the compilation cache, which they share (only reads race).
-    with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
-                                                initializer=main.start_worker) as pool:
-      futures = {pool.submit(_train, config_lib.to_json(run), str(root / name)): name
-                 for name, run in todo}
-      for future in concurrent.futures.as_completed(futures):
-        if future.cancelled():
-          continue
-        error = future.exception()
-        if error is None:
-          record(futures[future], stopped=future.result())
-          if status[futures[future]].startswith("stopped"):
-            pool.shutdown(wait=True, cancel_futures=True)
-        else:
-          record(futures[future], error=error)
+    _train_in_pool(tasks, parallel, status)
   return {name: status.get(name, "not started") for name, _ in runs}
+
+
+class _Status(dict):
+  """Run name -> what became of it, each logged as it is recorded."""
+
+  stopped = False  # A run was stopped by a signal: the sweep stops.
+
+  def record(self, name: str, what: str, quiet: bool = False) -> None:
+    self[name] = what
+    self.stopped = self.stopped or what.startswith("stopped")
+    if not quiet:
+      log.info("%s: %s", name, what)
+
+  def trained(self, names: dict[int, str], results: dict) -> None:
+    """A task's results (`_train`): per seed, how it stopped, or its own error."""
+    for seed, result in results.items():
+      if isinstance(result, Exception):
+        self.failed({seed: names[seed]}, result)
+      else:
+        self.record(names[seed], result or "trained")
+
+  def failed(self, names: dict[int, str], error: Exception) -> None:
+    for name in names.values():
+      if isinstance(error, workdirs.WorkdirInUse):  # Another sweep's (or training's) run.
+        self.record(name, f"in use by another training ({error.holder}); not trained here:"
+                    " run the sweep again once it ends")
+      else:
+        self.record(name, f"failed: {type(error).__name__}: {error}")
+
+
+def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
+  """`tasks` trained `parallel` at a time, each in a process of its own."""
+  context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
+  # Each new process turns on the compilation cache, which they share (only reads race).
+  with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
+                                              initializer=main.start_worker) as pool:
+    futures = {pool.submit(_train, *task[:2]): task[2] for task in tasks}
+    for future in concurrent.futures.as_completed(futures):
+      if future.cancelled():
+        continue
+      error = future.exception()
+      if error is None:
+        status.trained(futures[future], future.result())
+        if status.stopped:
+          pool.shutdown(wait=True, cancel_futures=True)
+      else:
+        status.failed(futures[future], error)

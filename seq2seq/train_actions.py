@@ -70,9 +70,11 @@ class Progress:
 
 
 class Interval:
-  """The steps since the last train record: their metrics, and when their training began."""
+  """The steps since the last train record: their metrics, and when their training began.
+  A seed group's member (`member`: its index) reads its own of the group's stacked metrics."""
 
-  def __init__(self):
+  def __init__(self, member: int | None = None):
+    self.member = member
     self.restart()
 
   def restart(self) -> None:
@@ -86,7 +88,9 @@ class Interval:
     """Per step, the metrics of the calls not yet checked, fetched to the host once: they
     stay there (`metrics`, every step's since the record) for the log."""
     fetched = []
-    for metrics, size in jax.device_get(self.calls):
+    for metrics, size in jax.device_get(self.calls):  # One transfer, however many members.
+      if self.member is not None:
+        metrics = {k: v[self.member] for k, v in metrics.items()}
       fetched += [metrics] if size == 1 else [{k: v[i] for k, v in metrics.items()}
                                               for i in range(size)]
     self.calls = []
@@ -157,9 +161,10 @@ class ValidateAndSave:
   `best` and patience read). A diverged validation loss stops the run instead."""
 
   def __init__(self, trainer, checkpoints: Checkpoints, writer: MetricsWriter,
-               progress: Progress, interval: Interval):
+               progress: Progress, interval: Interval, label: str = ""):
     self.trainer, self.checkpoints = trainer, checkpoints
     self.writer, self.progress, self.interval = writer, progress, interval
+    self.label = label  # A seed group's member: "seed 1: " before its lines.
     self.every_steps = trainer.config.eval.every_steps
     self.num_steps = trainer.config.train.num_steps
     self.split = trainer.config.eval.split
@@ -179,7 +184,7 @@ class ValidateAndSave:
     self._write(done, result)
     self.checkpoints.save(done, state, metrics={"bleu": result["bleu"], "loss": result["loss"]})
     if self.writer.enabled:  # tqdm.write prints even where the bar is disabled.
-      self.progress.write(f"step {done}: {self.split} loss {result['loss']:.3f} BLEU"
+      self.progress.write(f"{self.label}step {done}: {self.split} loss {result['loss']:.3f} BLEU"
                           f" {result['bleu']:.2f} ({result['bleu_signature']})")
     self.interval.start = time.perf_counter()  # Evaluation time is not training throughput.
     return result
@@ -202,13 +207,17 @@ class CompileLog:
   whether the persistent cache held it. Waiting for programs compiled in the background is
   one line, and only where they are not ready when needed."""
 
-  def __init__(self, trainer, writer: MetricsWriter, progress: Progress):
-    self.trainer, self.writer, self.progress = trainer, writer, progress
+  def __init__(self, trainer, writers: list[MetricsWriter], progress: Progress):
+    self.trainer, self.writers, self.progress = trainer, writers, progress  # A writer per run.
     self.validation_recorded = False
 
   def _say(self, line: str) -> None:
-    if self.writer.enabled:
+    if self.writers[0].enabled:
       self.progress.write(line)
+
+  def _write(self, done: int, record: dict) -> None:
+    for writer in self.writers:
+      writer.write(done, "compile", record)
 
   def _wait(self, done: int, groups: list[compiling.Programs], needed_by: str) -> None:
     """Waits for `groups` (saying so if they are not ready) and records them at `done`."""
@@ -220,16 +229,15 @@ class CompileLog:
       self._say(f"step {done}: {needed_by} waits for its programs ({compiling.kinds(groups)})"
                 " to finish compiling in the background.")
     records = compiling.records(groups)
-    self.writer.write(done, "compile", {"waited_seconds": time.perf_counter() - start,
-                                        "programs": records})
+    self._write(done, {"waited_seconds": time.perf_counter() - start, "programs": records})
 
   def first_step(self, done: int, metrics: dict) -> None:
     """After the run's first step (`done`), once its `metrics` are computed: records when,
     and starts compiling the other programs (so that they do not slow the first step)."""
     jax.block_until_ready(metrics)
     seconds = compiling.process_seconds()
-    self.writer.write(done, "compile", {"seconds_to_first_step": seconds,
-                                        "programs": compiling.records(self.trainer.train_programs)})
+    self._write(done, {"seconds_to_first_step": seconds,
+                       "programs": compiling.records(self.trainer.train_programs)})
     self.trainer.compile_background()
     background = compiling.kinds(self.trainer.background_programs)
     self._say(f"step {done}: finished {seconds:.1f} s after the process started"
@@ -294,10 +302,9 @@ class EarlyStopping:
 
 class AgreedStop:
   """SIGINT/SIGTERM during the loop: every process stops after the same step
-  (`signals.StopSignals`), with a checkpoint of it."""
+  (`signals.StopSignals`); each run saves a checkpoint of it (`RunActions.save_on_stop`)."""
 
-  def __init__(self, checkpoints: Checkpoints, workdir: Path):
-    self.checkpoints, self.workdir = checkpoints, workdir
+  def __init__(self):
     self.signals = signals.StopSignals()
 
   def before_start(self, start: int) -> None:
@@ -311,48 +318,77 @@ class AgreedStop:
     compare their records."""
     return self.signals.agreed(done, boundary)
 
-  def __call__(self, state, done: int, received: str) -> None:
+
+class RunActions:
+  """One run's actions: its metrics writer, interval, records, validation, checkpoints and
+  patience. A seed group has one per member (`member`, its index in the group's arrays)."""
+
+  def __init__(self, trainer, checkpoints: Checkpoints, workdir: Path, start: int,
+               progress: Progress, member: int | None = None):
+    config = trainer.config
+    self.checkpoints, self.workdir = checkpoints, workdir
+    self.label = f"seed {trainer.seeds[member]}: " if member is not None else ""
+    self.writer = MetricsWriter(workdir, start)
+    self.interval = Interval(member)
+    self.check_finite = TerminateOnNonFinite(self.interval, checkpoints)
+    self.train_log = TrainLog(config.train, self.writer, progress, self.interval)
+    self.validate = ValidateAndSave(trainer, checkpoints, self.writer, progress,
+                                    self.interval, self.label)
+    self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
+    self.early_stopping = EarlyStopping(config, checkpoints)
+    self.last_eval: dict = {}
+    self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
+
+  def save_on_stop(self, state, done: int, received: str) -> None:
     """Saves step `done` (unless validation just did) and says how to resume."""
     if self.checkpoints.latest_step() != done:
       self.checkpoints.save(done, state)
-    log.info("Received %s: saved a checkpoint at step %d in %s; run the same command to"
-             " resume.", received, done, self.workdir)
+    log.info("%sReceived %s: saved a checkpoint at step %d in %s; run the same command to"
+             " resume.", self.label, received, done, self.workdir)
 
 
 class LoopActions:
-  """One run's actions and what they share: the metrics writer, the progress bar and the
-  interval's metrics. As a context, it closes them and restores the signal handlers."""
+  """The actions of the runs trained together (one, or a seed group's members) and what they
+  share: the progress bar and the compile log. As a context, it closes them and restores the
+  signal handlers."""
 
-  def __init__(self, trainer, checkpoints: Checkpoints, workdir: Path, start: int):
-    config = trainer.config
-    self.writer = MetricsWriter(workdir, start)
-    self.progress = Progress(start, config.train.num_steps)
-    self.interval = Interval()
-    self.check_finite = TerminateOnNonFinite(self.interval, checkpoints)
-    self.train_log = TrainLog(config.train, self.writer, self.progress, self.interval)
-    self.validate = ValidateAndSave(trainer, checkpoints, self.writer, self.progress,
-                                    self.interval)
-    self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
-    self.early_stopping = EarlyStopping(config, checkpoints)
-    self.compile_log = CompileLog(trainer, self.writer, self.progress)
+  def __init__(self, trainer, runs: list[tuple[Checkpoints, Path]], start: int):
+    self.progress = Progress(start, trainer.config.train.num_steps)
+    group = trainer.seeds is not None
+    self.runs = []
     try:
-      self.stop = AgreedStop(checkpoints, workdir)  # Last: from here, signals are recorded.
+      for i, (checkpoints, workdir) in enumerate(runs):
+        self.runs.append(RunActions(trainer, checkpoints, workdir, start, self.progress,
+                                    i if group else None))
+      self.compile_log = CompileLog(trainer, [run.writer for run in self.runs], self.progress)
+      self.stop = AgreedStop()  # Last: from here, signals are recorded.
     except BaseException:
-      self.progress.close()
-      self.writer.close()
+      self._close()
       raise
+
+  @property
+  def training(self) -> list[tuple[int, RunActions]]:
+    """The runs that have not ended, with their member index."""
+    return [(i, run) for i, run in enumerate(self.runs) if run.ended is None]
 
   def dispatched(self, metrics: dict, size: int = 1) -> None:
     """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
-    self.interval.add(metrics, size)
+    for run in self.runs:
+      run.interval.add(metrics, size)
     self.progress.dispatched(metrics, size)
+
+  def due(self, done: int) -> tuple[bool, bool, bool]:
+    """Whether a train record, validation and a periodic checkpoint are due after `done`
+    (the same for every run trained together: they share the config's intervals)."""
+    run = self.runs[0]
+    return run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done)
 
   def next_boundary(self, step: int, within: int) -> int:
     """The first step after `step`, at most `step + within`, at which an action is due (a
     train record, validation, a periodic checkpoint; the last step is a record's): no call of
     several steps runs past it."""
     for done in range(step + 1, step + within):
-      if self.train_log.due(done) or self.validate.due(done) or self.periodic_save.due(done):
+      if any(self.due(done)):
         return done
     return step + within
 
@@ -361,5 +397,9 @@ class LoopActions:
 
   def __exit__(self, *exc_info) -> None:
     self.stop.signals.restore()
+    self._close()
+
+  def _close(self) -> None:
     self.progress.close()
-    self.writer.close()
+    for run in self.runs:
+      run.writer.close()

@@ -8,9 +8,11 @@ uninterrupted run would have.
 
 import functools
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -58,18 +60,43 @@ def _sharded_size(abstract_params, params_sharding) -> int:
              if sharding.spec != P())
 
 
-class Trainer:
-  """Everything a run needs, built once: data, model, compiled steps, mesh."""
+def _with_shardings(abstract, shardings):
+  """`abstract`'s ShapeDtypeStructs, placed by `shardings`."""
+  return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=sharding),
+                      abstract, shardings)
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
+
+def _stack(batches: list[dict]) -> dict:
+  """Batches (dicts of equal-shaped arrays) stacked on a new leading axis."""
+  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+
+
+class Trainer:
+  """Everything a run needs, built once: data, model, compiled steps, mesh.
+
+  With `seeds`, one program trains a run per seed (a seed group): the train state, the
+  batches and the dropout keys gain a leading axis of members (`jax.vmap`), and member i
+  has the initialization, dropout and batches of the run whose config.train.seed is
+  seeds[i] (`member_state` reads its state out). Validation and the evaluation commands'
+  programs are those of one member.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: Path,
+               seeds: Sequence[int] | None = None):
     self.config = config
+    self.seeds = tuple(seeds) if seeds is not None else None
     train_text, self.val_text = _read_text(config)
     self.tokenizer = _load_tokenizer(workdir, train_text, config)
     self.mesh = distributed.make_mesh(config.train.fsdp)
     self.replicated = NamedSharding(self.mesh, P())
     self.data_sharding = distributed.batch_sharding(self.mesh)
-    # Stacked batches `[k, rows, L]` (`steps_per_call`): each batch's rows split as one's.
-    self.stacked_sharding = NamedSharding(self.mesh, P(None, *self.data_sharding.spec))
+    members = (None,) if self.seeds else ()  # The leading axis of a seed group's arrays.
+    # One step's batch (`[rows, L]`, a group's `[members, rows, L]`), and k stacked
+    # (`steps_per_call`): each batch's rows split as one's.
+    self.step_sharding = NamedSharding(self.mesh, P(*members, *self.data_sharding.spec))
+    self.stacked_sharding = NamedSharding(self.mesh, P(*members, None,
+                                                       *self.data_sharding.spec))
     self._make_batches(train_text)
     state_sharding = self._make_state()
     self._make_programs(state_sharding)
@@ -78,12 +105,14 @@ class Trainer:
     """The training batches (this process's rows of each) and the validation batches."""
     config, d = self.config, self.config.data
     src, tgt = batching.encode_pairs(self.tokenizer, train_text)
-    self.train_batches = batching.TrainBatches(
+    # A seed group's members: batches of one shape at every step (`TrainBatches._plan`).
+    self.member_batches = [batching.TrainBatches(
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
-        bucket_step=d.bucket_step, seed=config.train.seed,
+        bucket_step=d.bucket_step, seed=seed,
         row_multiple=jax.device_count() * config.train.grad_accum_steps,
         process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
-        num_buckets=d.num_buckets)
+        num_buckets=d.num_buckets) for seed in self.seeds or [config.train.seed]]
+    self.train_batches = self.member_batches[0]
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
@@ -97,51 +126,69 @@ class Trainer:
     config, vocab_size = self.config, self.tokenizer.vocab_size
     self.optimizer = make_optimizer(config.train)
 
-    def init() -> TrainState:
-      return new_train_state(nnx.split(build_model(config, vocab_size), nnx.Param)[1],
-                             self.optimizer)
+    def init(seed=config.train.seed) -> TrainState:  # A seed group's: its key.
+      return new_train_state(nnx.split(build_model(config, vocab_size, seed=seed),
+                                       nnx.Param)[1], self.optimizer)
 
     # Initialized inside jit, straight into its shardings: every process computes the
     # same values, and no host ever holds an unsharded copy.
     abstract = jax.eval_shape(init)
     self.graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(config, vocab_size)),
                                  nnx.Param)
-    state_sharding = jax.tree.map(functools.partial(distributed.fsdp_sharding, self.mesh),
-                                  abstract)
+    member_sharding = jax.tree.map(functools.partial(distributed.fsdp_sharding, self.mesh),
+                                   abstract)
     self.num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    self.num_sharded_params = _sharded_size(abstract.params, state_sharding.params)
-    self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
+    self.num_sharded_params = _sharded_size(abstract.params, member_sharding.params)
+    self.member_abstract = _with_shardings(abstract, member_sharding)  # One run's.
+    if self.seeds is None:
+      self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
+                                 out_shardings=self.replicated)()
+      self.init_state = jax.jit(init, out_shardings=member_sharding)
+      self.abstract_state = self.member_abstract
+      return member_sharding
+    # A seed group: every array gains the members' axis, first and never split.
+    seeds = jnp.asarray(self.seeds, jnp.int32)
+    state_sharding = jax.tree.map(
+        lambda s: NamedSharding(self.mesh, P(None, *s.spec)), member_sharding)
+    self.dropout_key = jax.jit(lambda: jax.vmap(jax.random.key)(seeds),
                                out_shardings=self.replicated)()
-    self.init_state = jax.jit(init, out_shardings=state_sharding)
-    self.abstract_state = jax.tree.map(
-        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-        abstract, state_sharding)
+    self.init_state = jax.jit(lambda: jax.vmap(init)(jax.vmap(jax.random.key)(seeds)),
+                              out_shardings=state_sharding)
+    self.abstract_state = _with_shardings(jax.eval_shape(self.init_state), state_sharding)
+    self._member = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
+                           out_shardings=member_sharding)
+    self._stack = jax.jit(lambda *states: jax.tree.map(lambda *xs: jnp.stack(xs), *states),
+                          out_shardings=state_sharding)
     return state_sharding
 
   def _make_programs(self, state_sharding) -> None:
     """The jitted train step, validation loss and validation search, and the evaluation
     commands' search (`translator.search_programs`), compiled by `compile`."""
-    config, params_sharding = self.config, state_sharding.params
+    config, params_sharding = self.config, self.member_abstract.params  # Validation's: one run's.
+    params_sharding = jax.tree.map(lambda x: x.sharding, params_sharding)
     train_options = compiling.compiler_options(config.compile.train_options)
     eval_options = compiling.compiler_options(config.compile.eval_options)
     threads = config.compile.threads
     # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
     by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
-    self.train_step = compiling.Programs("train step", jax.jit(
-        functools.partial(steps.train_step, graphdef=self.graphdef, optimizer=self.optimizer,
-                          label_smoothing=config.train.label_smoothing,
-                          accum_steps=config.train.grad_accum_steps),
-        in_shardings=(state_sharding, self.data_sharding, self.replicated),
+    step_args = dict(graphdef=self.graphdef, optimizer=self.optimizer,
+                     label_smoothing=config.train.label_smoothing,
+                     accum_steps=config.train.grad_accum_steps)
+    # A seed group's members train side by side: the same step, vmapped over them.
+    members = jax.vmap if self.seeds else lambda f: f
+    of_seeds = f" of {len(self.seeds)} seeds" if self.seeds else ""
+    self.train_step = compiling.Programs(f"train step{of_seeds}", jax.jit(
+        members(functools.partial(steps.train_step, **step_args)),
+        in_shardings=(state_sharding, self.step_sharding, self.replicated),
         out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape,
-        options=train_options, threads=threads)
+        plural=f"train steps{of_seeds}", options=train_options, threads=threads)
     k = config.train.steps_per_call  # k stacked batches: a call of k steps.
-    self.train_call = compiling.Programs(f"{k}-step train call", jax.jit(
-        functools.partial(steps.train_steps, graphdef=self.graphdef, optimizer=self.optimizer,
-                          label_smoothing=config.train.label_smoothing,
-                          accum_steps=config.train.grad_accum_steps),
+    self.train_call = compiling.Programs(f"{k}-step train call{of_seeds}", jax.jit(
+        members(functools.partial(steps.train_steps, **step_args)),
         in_shardings=(state_sharding, self.stacked_sharding, self.replicated),
         out_shardings=(state_sharding, self.replicated), donate_argnums=0),
-        lambda state, batches, *_: batches["src"].shape, options=train_options, threads=threads)
+        lambda state, batches, *_: batches["src"].shape,
+        plural=f"{k}-step train calls{of_seeds}", options=train_options, threads=threads)
     self.eval_step = compiling.Programs("validation loss", jax.jit(
         functools.partial(steps.eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
@@ -163,12 +210,16 @@ class Trainer:
     step, for the steps before an action that a call of k would pass); `compile_background`
     compiles the rest."""
     processes, k = jax.process_count(), self.config.train.steps_per_call
+    members = (len(self.seeds),) if self.seeds else ()
     for rows, length in self.train_batches.shapes:  # This process's rows of each batch.
-      batch = {key: self._spec((rows * processes, length)) for key in self.train_batches.keys}
+      shape = (*members, rows * processes, length)
+      batch = {key: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.step_sharding)
+               for key in self.train_batches.keys}
       self.train_step.add(self.abstract_state, batch, self.dropout_key, background=k > 1)
       if k > 1:
-        stacked = {key: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=self.stacked_sharding)
-                   for key, x in batch.items()}
+        stacked = {key: jax.ShapeDtypeStruct((*members, k, *shape[len(members):]), np.int32,
+                                             sharding=self.stacked_sharding)
+                   for key in batch}
         self.train_call.add(self.abstract_state, stacked, self.dropout_key)
 
   def call_size(self, step: int, boundary: int) -> int:
@@ -181,12 +232,23 @@ class Trainer:
 
   def train(self, state: TrainState, step: int, size: int):
     """Dispatches the call of `size` steps from `step` (`call_size`): (state, metrics)."""
+    def batches(member: batching.TrainBatches) -> dict:
+      return member(step) if size == 1 else _stack([member(step + i) for i in range(size)])
+
+    local = [batches(member) for member in self.member_batches]
+    local = _stack(local) if self.seeds else local[0]
     if size == 1:
-      return self.train_step(state, self.to_device(self.train_batches(step)), self.dropout_key)
-    batches = [self.train_batches(step + i) for i in range(size)]
-    stacked = {key: np.stack([b[key] for b in batches]) for key in batches[0]}
-    return self.train_call(state, self.to_device(stacked, self.stacked_sharding),
+      return self.train_step(state, self.to_device(local, self.step_sharding), self.dropout_key)
+    return self.train_call(state, self.to_device(local, self.stacked_sharding),
                            self.dropout_key)
+
+  def member_state(self, state: TrainState, i: int) -> TrainState:
+    """Member i's train state (a seed group's), or the run's `state` itself."""
+    return self._member(state, i) if self.seeds else state
+
+  def group_state(self, states: Sequence[TrainState]) -> TrainState:
+    """A seed group's state from its members' (`member_state`'s inverse)."""
+    return self._stack(*states)
 
   @property
   def train_programs(self) -> list[compiling.Programs]:
@@ -199,11 +261,11 @@ class Trainer:
     cache keeps them, and config.eval.test_beam_size asks for them)."""
     for batch in self.val_batches:
       batch = {k: self._spec(v.shape) for k, v in batch.items() if k != "index"}
-      self.eval_step.add(self.abstract_state.params, batch, background=True)
-      self.translate_step.add(self.abstract_state.params, batch["src"], background=True)
+      self.eval_step.add(self.member_abstract.params, batch, background=True)
+      self.translate_step.add(self.member_abstract.params, batch["src"], background=True)
     if (self.config.eval.test_beam_size and jax.process_index() == 0
         and jax.config.jax_compilation_cache_dir):
-      params = compiling.shapes(self.abstract_state.params)
+      params = compiling.shapes(self.member_abstract.params)
       for src in translator.grid_sources(self.config, self.config.eval.batch_size):
         self.evaluation_search.add(params, src, background=True)
 

@@ -101,14 +101,15 @@ def test_a_signal_stops_the_sweep_and_the_same_command_resumes(tmp_path, monkeyp
   c.train.num_steps, c.eval.every_steps = 4, 2
   to_device = Trainer.to_device
 
-  def sigterm_once(self, batch):  # A SIGTERM arrives during the first run's first step.
+  def sigterm_once(self, *args):  # A SIGTERM arrives during the first run's first step.
     monkeypatch.setattr(Trainer, "to_device", to_device)
     os.kill(os.getpid(), signal.SIGTERM)
-    return to_device(self, batch)
+    return to_device(self, *args)
 
   monkeypatch.setattr(Trainer, "to_device", sigterm_once)
-  status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
-  assert status["seed-0"].startswith("stopped by SIGTERM at step ")
-  assert status["seed-1"] == "not started" and not (tmp_path / "seed-1").exists()
-  status = sweep.run_sweep(c, ["train.seed=0,1"], tmp_path)
-  assert status == {"seed-0": "trained", "seed-1": "trained"}
+  status = sweep.run_sweep(c, ["model.attention=dot,general"], tmp_path)
+  assert status["attention-dot"].startswith("stopped by SIGTERM at step ")
+  assert status["attention-general"] == "not started"
+  assert not (tmp_path / "attention-general").exists()
+  status = sweep.run_sweep(c, ["model.attention=dot,general"], tmp_path)
+  assert status == {"attention-dot": "trained", "attention-general": "trained"}

@@ -136,6 +136,10 @@ def _pack(examples: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray,
   return [np.array(row) for row in rows]
 
 
+# Seeds the order of a bucketed epoch's batch lengths, the same for every train.seed.
+SHAPE_ORDER_SEED = 0
+
+
 class TrainBatches:
   """Training batches of at most `tokens_per_batch` padded tokens, by global step.
 
@@ -215,16 +219,25 @@ class TrainBatches:
     self._plans = {}
 
   def _plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-    """The epoch's global batches in order: (L, example indices), pure in (seed, epoch)."""
+    """The epoch's global batches in order: (L, example indices), pure in (seed, epoch).
+
+    The order of the lengths is the data's alone (drawn from the epoch, not the seed): runs
+    that differ only in their seed get batches of the same shape at every step, so their
+    seeds can train as one program (`Trainer(seeds=...)`). The seed draws which examples
+    fill each batch, and in which order each length's batches come."""
     plan = self._plans.get(epoch)
     if plan is None:
       rng = np.random.default_rng([self._seed, epoch])
-      batches = []
+      chunks = {}
       for length in sorted(self._buckets):
         order = rng.permutation(self._buckets[length])
         rows = self._rows[length]
-        batches += [(length, order[i:i + rows]) for i in range(0, len(order), rows)]
-      plan = [batches[i] for i in rng.permutation(len(batches))]
+        chunks[length] = [order[i:i + rows] for i in range(0, len(order), rows)]
+      slots = [length for length in sorted(chunks) for _ in chunks[length]]
+      lengths = [slots[i] for i in np.random.default_rng([SHAPE_ORDER_SEED, epoch])
+                 .permutation(len(slots))] if len(chunks) > 1 else slots
+      taken = {length: iter(rng.permutation(len(chunks[length]))) for length in sorted(chunks)}
+      plan = [(length, chunks[length][next(taken[length])]) for length in lengths]
       # Steps arrive in order, so the newest two epochs suffice. Rebinding rather
       # than mutating the dict keeps a concurrent prefetch thread safe.
       self._plans = dict(list(self._plans.items())[-1:] + [(epoch, plan)])

@@ -1,0 +1,153 @@
+"""Seeds in one program: a seed group trains the runs of several train.seed values as one
+vmapped program, and each member is the run that seed trains alone."""
+
+import logging
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq import compare, evaluate, steps, sweep, train
+from seq2seq.checkpoint import Checkpoints
+from seq2seq.data import batching, corpus
+from seq2seq.trainer import Trainer
+from seq2seq.translator import Translator
+from tests.helpers import read_metrics, shared_run_config
+
+SEEDS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+  """`seq2seq-sweep --sweep=train.seed=0,1` on shared_run_config: (root, status, how many
+  times the train step was traced, the sweep's log)."""
+  root = tmp_path_factory.mktemp("group")
+  traced, train_step = [], steps.train_step
+  logger, records = logging.getLogger("seq2seq"), []
+  handler = logging.Handler()
+  handler.emit = lambda record: records.append(record.getMessage())
+
+  def counted(*args, **kwargs):
+    traced.append(1)
+    return train_step(*args, **kwargs)
+
+  logger.addHandler(handler)
+  level = logger.level
+  logger.setLevel(logging.INFO)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(steps, "train_step", counted)
+    status = sweep.run_sweep(shared_run_config(), ["train.seed=0,1"], root)
+  logger.removeHandler(handler)
+  logger.setLevel(level)
+  return root, status, len(traced), records
+
+
+@pytest.fixture(scope="module")
+def alone(run, tmp_path_factory):
+  """The runs of seeds 0 and 1 trained one by one: the session's run, and its seed 1."""
+  c = shared_run_config()
+  c.train.seed = 1
+  workdir = tmp_path_factory.mktemp("alone") / "seed-1"
+  train.train_and_evaluate(c, workdir)
+  return {0: run, 1: workdir}
+
+
+def _params(workdir, step: int):
+  c = shared_run_config()
+  trainer_like = Trainer(c, workdir).new_state()
+  return jax.tree.leaves(Checkpoints(workdir, keep=2).restore(step, trainer_like).params)
+
+
+def test_a_two_seed_sweep_lowers_one_train_program_whose_members_equal_the_runs_alone(group,
+                                                                                      alone):
+  """One trace of the train step (one batch shape), not one per seed; each member has the
+  losses and BLEU of its seed trained alone, its parameters to float32 rounding (the vmapped
+  step batches its matrix products, which may sum in another order: on this CPU a few units
+  in the last place after 4 steps), and the same greedy translations of 50 sentences."""
+  root, status, traced, messages = group
+  assert status == {"seed-0": "trained", "seed-1": "trained"}
+  assert traced == 1
+  assert any("2 to train; seeds as one program: seed-0 + seed-1."  in m
+             for m in messages)
+  compiled = [p["program"] for r in read_metrics(root / "seed-0") if r["split"] == "compile"
+              for p in r["programs"]]
+  assert compiled[0] == "train step of 2 seeds"
+  sentences = corpus.read_split(shared_run_config().data, "val").src[:50]
+  for seed in SEEDS:
+    member = root / f"seed-{seed}"
+    records = [(r["step"], r["split"]) for r in read_metrics(member) if r["split"] != "compile"]
+    assert records == [(r["step"], r["split"]) for r in read_metrics(alone[seed])
+                       if r["split"] != "compile"]
+    for got, want in zip(read_metrics(member), read_metrics(alone[seed]), strict=True):
+      if got["split"] == "train":
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+      elif got["split"] == "val":
+        assert got["bleu"] == want["bleu"]
+    for a, b in zip(_params(member, 4), _params(alone[seed], 4), strict=True):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    translations = [Translator(w, "latest", beam_size=1).translate(sentences)
+                    for w in (member, alone[seed])]
+    assert [n[0][0] for n in translations[0]] == [n[0][0] for n in translations[1]]
+    assert (member / "config.json").read_text() == (alone[seed] / "config.json").read_text()
+
+
+def test_members_are_runs_for_evaluate_ensemble_and_compare(group, tmp_path):
+  root = group[0]
+  members = [root / f"seed-{seed}" for seed in SEEDS]
+  scores, _ = evaluate.run_evaluation(members[0], split="val", checkpoint="best", beam_size=2,
+                                      ensemble=[str(members[1])])
+  assert 0.0 <= scores["bleu"] <= 100.0
+  rows = compare.compare_runs(members, tmp_path / "report", split="val", beam_size=1,
+                              n_samples=20)
+  assert [row["run"] for row in rows] == ["seed-0", "seed-1"]
+  assert rows[0]["train.seed"] == 0 and rows[1]["train.seed"] == 1
+
+
+def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group, tmp_path,
+                                                                         monkeypatch):
+  """A SIGTERM during the first step: both members save step 1, and the same call resumes
+  both, to the checkpoints of the uninterrupted group bit for bit."""
+  to_device = Trainer.to_device
+
+  def sigterm_once(self, *args):
+    monkeypatch.setattr(Trainer, "to_device", to_device)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return to_device(self, *args)
+
+  monkeypatch.setattr(Trainer, "to_device", sigterm_once)
+  workdirs = {seed: tmp_path / f"seed-{seed}" for seed in SEEDS}
+  stopped = train.train_seeds(shared_run_config(), workdirs)
+  assert [r["interrupted"] for r in stopped.values()] == ["SIGTERM", "SIGTERM"]
+  step = stopped[0]["step"]
+  assert [Checkpoints(w, keep=2).all_steps() for w in workdirs.values()] == [[step], [step]]
+  resumed = train.train_seeds(shared_run_config(), workdirs)
+  assert [r["step"] for r in resumed.values()] == [4, 4]
+  for seed, workdir in workdirs.items():
+    for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_seeds_of_a_point_share_the_shape_of_every_batch():
+  """Bucketed batches: the order of the lengths is the data's, the examples the seed's."""
+  rng = np.random.default_rng(0)
+  src = [rng.integers(4, 50, size=rng.integers(1, 30)) for _ in range(300)]
+  tgt = [rng.integers(4, 50, size=rng.integers(1, 30)) for _ in range(300)]
+  batches = [batching.TrainBatches(src, tgt, tokens_per_batch=256, max_len=32, bucket_step=8,
+                                   seed=seed) for seed in SEEDS]
+  steps_ = range(2 * batches[0].batches_per_epoch)
+  assert len({batches[0].length(i) for i in steps_}) > 1
+  assert [batches[0](i)["src"].shape for i in steps_] == [batches[1](i)["src"].shape
+                                                          for i in steps_]
+  assert any(not np.array_equal(batches[0](i)["src"], batches[1](i)["src"]) for i in steps_)
+
+
+def test_the_sweep_groups_the_seeds_of_each_point_that_start_together(tmp_path):
+  c = shared_run_config()
+  runs = sweep.expand(c, ["model.attention=dot,general", "train.seed=0,1"])
+  names = lambda groups: [[name for name, _ in g] for g in groups]  # noqa: E731
+  assert names(sweep._seed_groups(runs, tmp_path, one_by_one=False)) == [
+      ["attention-dot_seed-0", "attention-dot_seed-1"],
+      ["attention-general_seed-0", "attention-general_seed-1"]]
+  assert names(sweep._seed_groups(runs, tmp_path, one_by_one=True)) == [[n] for n, _ in runs]
