@@ -62,7 +62,7 @@ class Checkpoints:
     # decides what is kept): without it, a restarted process sees no BLEU, and "best"
     # would quietly mean "latest".
     options = ocp.CheckpointManagerOptions(
-        create=True, preservation_policy=preservation, enable_async_checkpointing=False,
+        create=True, preservation_policy=preservation, enable_async_checkpointing=True,
         best_fn=lambda metrics: metrics[BEST_METRIC], best_mode="max")
     # Listing the steps reads each one's metadata; orbax logs a damaged step's there, and
     # restoring that step reports it again, in our one line.
@@ -74,9 +74,11 @@ class Checkpoints:
     self._closed = False
 
   def latest_step(self) -> int | None:
+    self._finish()  # A save still writing (`save(wait=False)`) counts once it is on disk.
     return self.manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    self._finish()
     return sorted(self.manager.all_steps())
 
   def best_step(self) -> int | None:
@@ -108,8 +110,11 @@ class Checkpoints:
                            params_like)
     self.check_vocab(step)  # Same shapes: is it the same vocabulary, too?
 
-  def save(self, step: int, state, metrics: dict | None = None) -> None:
-    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary.
+  def save(self, step: int, state, metrics: dict | None = None, wait: bool = True) -> None:
+    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary. With
+    `wait=False` it returns once the state is copied off the device (so the caller may
+    donate it), and writes in the background: the next save, read of the steps or `close`
+    waits for it (and reports its failure).
 
     Raises:
       UserError: the disk is full (the step, this directory and the last good checkpoint
@@ -121,7 +126,8 @@ class Checkpoints:
     with self._full_disk_is_user_error():
       self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
                         custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
-    self._finish()
+    if wait:
+      self._finish()
 
   def _finish(self) -> None:
     """Waits for the save in progress (orbax may write in the background)."""

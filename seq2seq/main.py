@@ -9,6 +9,7 @@ threads). So this module imports nothing slow itself (tests/test_cli.py checks i
 """
 
 import importlib
+import os
 import sys
 
 from absl import app, flags
@@ -22,12 +23,28 @@ def prepare_process() -> None:
   allocator.keep_freed_memory()
 
 
-def start_worker() -> None:
+# Of each device's memory, the share that the processes sharing it may take in all (each
+# takes this over their number, `start_worker`): XLA's default for one process is 0.75.
+SHARED_DEVICE_MEMORY = 0.9
+
+
+def share_device_memory(processes: int) -> None:
+  """This process takes its share of each device's memory when `processes` share them (before
+  JAX starts; unless the user chose, with XLA_PYTHON_CLIENT_MEM_FRACTION or _PREALLOCATE)."""
+  if processes > 1 and not {"XLA_PYTHON_CLIENT_MEM_FRACTION",
+                            "XLA_PYTHON_CLIENT_PREALLOCATE"} & set(os.environ):
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{SHARED_DEVICE_MEMORY / processes:.3f}"
+
+
+def start_worker(processes: int = 1) -> None:
   """The start of a process a command spawns to do part of its work (`seq2seq-sweep
-  --parallel`'s trainers, as a pool's initializer): the same preamble, then the compilation
-  cache. Spawned processes run the main script's module, whose command is guarded by
-  `__name__ == "__main__"`, so nothing else sets them up."""
+  --parallel`'s trainers, as a pool's initializer): the same preamble, a fair share of
+  device memory for each of the `processes` sharing the devices (unless the user set
+  XLA_PYTHON_CLIENT_MEM_FRACTION or XLA_PYTHON_CLIENT_PREALLOCATE), then the compilation
+  cache, which they share. Spawned processes run the main script's module, whose command
+  is guarded by `__name__ == "__main__"`, so nothing else sets them up."""
   prepare_process()
+  share_device_memory(processes)
   from seq2seq import compiling  # Imports JAX: after the preamble.
 
   compiling.enable_cache()

@@ -23,8 +23,10 @@ _ORBAX = os.path.dirname(ocp.__file__) + os.sep  # Where orbax's code (and its c
 
 def _library_log_shown(record: logging.LogRecord) -> bool:
   """False for the log lines of orbax (absl) and asyncio that our one-line messages replace."""
-  # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it).
-  if "did not provide metrics" in record.getMessage():
+  # A step saved between evaluations has no BLEU by design (LatestN keeps it, BestN ignores it);
+  # a periodic checkpoint is written in the background, and the next save waits for it.
+  if ("did not provide metrics" in record.getMessage()
+      or "Waiting for previous save to complete" in record.getMessage()):
     return False
   # orbax's work that a failed save or read left behind: asyncio logs the error of each of its
   # tasks and tensorstore futures ("... exception was never retrieved"), which the one-line

@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from seq2seq import compiling
+from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.trainer import VOCAB_SEED, Trainer
 
@@ -146,19 +147,73 @@ def calls_benchmark(config: ml_collections.ConfigDict, steps_per_call: list[int]
     for k in steps_per_call:
       config = ml_collections.ConfigDict(config.to_dict())
       config.train.steps_per_call = k
-      trainer = Trainer(config, Path(scratch))
-      trainer.compile()
-      state, metrics = trainer.train(trainer.new_state(), 0, trainer.call_size(0, k))
-      jax.device_get(metrics)
-      trainer.train_step.wait()  # With k > 1, compiled in the background.
-      start, step, calls = time.perf_counter(), k, 0
-      while step < k + steps:
-        size = trainer.call_size(step, k + steps)
-        state, metrics = trainer.train(state, step, size)
-        jax.device_get(metrics)
-        step, calls = step + size, calls + 1
-      seconds = time.perf_counter() - start
+      seconds, calls = _train_seconds(Trainer(config, Path(scratch)), steps)
       results.append({"benchmark": "calls", "steps_per_call": k, "steps": steps, "calls": calls,
                       "steps_per_second": round(steps / seconds, 3),
                       "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
   return results
+
+
+def seeds_benchmark(config: ml_collections.ConfigDict, counts: list[int],
+                    steps: int = 32) -> list[dict]:
+  """Steps/s of `config` trained as a seed group of each size S in `counts` (S=1: the run
+  alone, not a group), measured as `calls_benchmark` measures, and the wall time of a step
+  of the group relative to the first count's."""
+  results = []
+  with tempfile.TemporaryDirectory() as scratch:
+    for count in counts:
+      seeds = list(range(count)) if count > 1 else None
+      seconds, _ = _train_seconds(Trainer(config, Path(scratch), seeds), steps)
+      results.append({"benchmark": "seeds", "seeds": count, "steps": steps,
+                      "steps_per_second": round(steps / seconds, 3),
+                      "run_steps_per_second": round(count * steps / seconds, 3),
+                      "time_vs_first": round(seconds / (results[0]["steps"] /
+                                                        results[0]["steps_per_second"]), 3)
+                      if results else 1.0,
+                      "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
+  return results
+
+
+def saves_benchmark(config: ml_collections.ConfigDict, saves: int = 6) -> list[dict]:
+  """Seconds per checkpoint save of a new train state of `config` (orbax, into a scratch
+  directory on the runs' disk): waited for to the end (validation's checkpoints), and
+  written in the background (periodic ones: how long the loop stalls, and the whole write).
+  The first save of each is not counted."""
+  results = []
+  with tempfile.TemporaryDirectory() as scratch:
+    trainer = Trainer(config, Path(scratch) / "run")
+    state = jax.block_until_ready(trainer.new_state())
+    for wait in (True, False):
+      checkpoints = Checkpoints(Path(scratch) / f"wait-{wait}", keep=3)
+      stalled, written = [], []
+      for step in range(saves):
+        start = time.perf_counter()
+        checkpoints.save(step, state, wait=wait)
+        stalled.append(time.perf_counter() - start)
+        checkpoints.latest_step()  # Waits for the write.
+        written.append(time.perf_counter() - start)
+      checkpoints.close()
+      results.append({"benchmark": "saves", "in_background": not wait, "saves": saves - 1,
+                      "megabytes": round(sum(x.nbytes for x in jax.tree.leaves(state)) / 1e6, 1),
+                      "stall_seconds": round(float(np.median(stalled[1:])), 3),
+                      "write_seconds": round(float(np.median(written[1:])), 3),
+                      "device": jax.devices()[0].device_kind, "cores": os.cpu_count()})
+  return results
+
+
+def _train_seconds(trainer: Trainer, steps: int) -> tuple[float, int]:
+  """Seconds for `steps` steps from step k (config.train.steps_per_call), dispatched as the
+  training loop does, their metrics read back once per call, after one unmeasured call and
+  with every program compiled; and how many calls they took."""
+  k = trainer.config.train.steps_per_call
+  trainer.compile()
+  state, metrics = trainer.train(trainer.new_state(), 0, trainer.call_size(0, k))
+  jax.device_get(metrics)
+  trainer.train_step.wait()  # With k > 1, compiled in the background.
+  start, step, calls = time.perf_counter(), k, 0
+  while step < k + steps:
+    size = trainer.call_size(step, k + steps)
+    state, metrics = trainer.train(state, step, size)
+    jax.device_get(metrics)
+    step, calls = step + size, calls + 1
+  return time.perf_counter() - start, calls

@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 from pathlib import Path
 
+import jax
 import ml_collections
 
 from seq2seq import config as config_lib
@@ -120,6 +121,8 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
   (another sweep trains it), "stopped by SIGTERM at step N" or "not started" (after a stop)."""
   if parallel < 1:
     raise UserError(f"--parallel={parallel} must be at least 1 (runs trained at once).")
+  if parallel > 1:  # The trainers' processes share the devices; this one reads files only.
+    jax.config.update("jax_platforms", "cpu")
   root = Path(root)
   runs = expand(config, specs)
   for _, run in runs:
@@ -186,11 +189,13 @@ class _Status(dict):
 
 
 def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
-  """`tasks` trained `parallel` at a time, each in a process of its own."""
+  """`tasks` trained `parallel` at a time, each in a process of its own, with its share of
+  each device's memory (`main.start_worker`)."""
   context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
   # Each new process turns on the compilation cache, which they share (only reads race).
   with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
-                                              initializer=main.start_worker) as pool:
+                                              initializer=main.start_worker,
+                                              initargs=(parallel,)) as pool:
     futures = {pool.submit(_train, *task[:2]): task[2] for task in tasks}
     for future in concurrent.futures.as_completed(futures):
       if future.cancelled():

@@ -267,7 +267,8 @@ class PeriodicSave:
     return bool(self.every_steps) and done % self.every_steps == 0
 
   def __call__(self, state, done: int) -> None:
-    self.checkpoints.save(done, state)
+    # Written while training goes on: the next save or read of the steps waits for it.
+    self.checkpoints.save(done, state, wait=False)
 
 
 def evaluations_without_improvement(checkpoints: Checkpoints, step: int,

@@ -145,3 +145,19 @@ def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
   # The fast tiny run's batches have one shape: every call of k=2 holds two steps.
   assert [r["calls"] for r in results] == [4, 2]
   assert all(r["steps_per_second"] > 0 for r in results)
+
+
+def test_the_seeds_benchmark_trains_groups_of_each_size(tiny_config):
+  results = startup_benchmark.seeds_benchmark(tiny_config, [1, 2], steps=2)
+  assert [(r["seeds"], r["steps"]) for r in results] == [(1, 2), (2, 2)]
+  assert results[0]["time_vs_first"] == 1.0
+  for r in results:  # A step of S seeds is S runs' steps.
+    assert r["run_steps_per_second"] == pytest.approx(r["seeds"] * r["steps_per_second"],
+                                                      rel=1e-2)
+
+
+def test_the_saves_benchmark_times_both_ways_of_saving(tiny_config):
+  results = startup_benchmark.saves_benchmark(tiny_config, saves=2)
+  assert [(r["in_background"], r["saves"]) for r in results] == [(False, 1), (True, 1)]
+  for r in results:
+    assert 0 < r["stall_seconds"] <= r["write_seconds"] and r["megabytes"] > 0

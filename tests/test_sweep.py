@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from seq2seq import compare, compare_eval, compare_stats, sweep
+from seq2seq import compare, compare_eval, compare_stats, main, sweep
 from seq2seq.trainer import Trainer
 from seq2seq.workdirs import WorkdirLock
 from tests.helpers import PNG, fast_tiny_config, load_config
@@ -112,4 +112,26 @@ def test_a_signal_stops_the_sweep_and_the_same_command_resumes(tmp_path, monkeyp
   assert status["attention-general"] == "not started"
   assert not (tmp_path / "attention-general").exists()
   status = sweep.run_sweep(c, ["model.attention=dot,general"], tmp_path)
+  assert status == {"attention-dot": "trained", "attention-general": "trained"}
+
+
+def test_parallel_trainers_take_a_share_of_device_memory_each(monkeypatch):
+  """seq2seq-sweep --parallel=N: each of the N processes takes 0.9/N of a device's memory
+  (XLA's default, 0.75 each, would not fit two), unless the user chose."""
+  for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+    monkeypatch.delenv(name, raising=False)
+  main.share_device_memory(1)
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+  main.share_device_memory(3)
+  assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  main.share_device_memory(2)
+  assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+
+
+@pytest.mark.slow  # Two trainers in processes of their own: about a minute on 2 cores.
+def test_a_parallel_sweep_trains_each_point_in_a_process_of_its_own(tmp_path):
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 2, 2
+  status = sweep.run_sweep(c, ["model.attention=dot,general"], tmp_path, parallel=2)
   assert status == {"attention-dot": "trained", "attention-general": "trained"}

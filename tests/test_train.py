@@ -423,3 +423,23 @@ def test_resuming_from_an_earlier_checkpoint_logs_each_step_once(tmp_path, tiny_
       (6, "train"), (6, "val")]
   # Each start's compiling: its first step and first validation (1 and 3, then 4 and 6).
   assert [step for step, split in records if split == "compile"] == [1, 3, 4, 6]
+
+
+def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_given(tmp_path,
+                                                                            tiny_config):
+  """`save(wait=False)` (periodic checkpoints) returns before the write ends, and the train
+  step then donates the state it saved: the checkpoint still holds the state as given."""
+  trainer = Trainer(tiny_config, tmp_path / "run")
+  trainer.compile()
+  state, _ = trainer.train(trainer.new_state(), 0, 1)
+  saved = [np.array(x) for x in jax.tree.leaves(state)]  # Host copies, before the save.
+  checkpoints = Checkpoints(tmp_path / "run", keep=2)
+  checkpoints.save(1, state, wait=False)
+  for step in range(1, 4):  # Each call donates (overwrites) the buffers of the state before.
+    state, _ = trainer.train(state, step, 1)
+  jax.block_until_ready(state)
+  assert checkpoints.latest_step() == 1  # Waits for the write.
+  restored = checkpoints.restore(1, trainer.new_state())
+  for a, b in zip(jax.tree.leaves(restored), saved, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  checkpoints.close()

@@ -12,8 +12,9 @@ every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process. --profile: where the time of each
 goes (seq2seq/profile.py), one more JSON line per mode and beam.
 
-  seq2seq-benchmark --mode=padding,compile,calls \
-      --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8]
+  seq2seq-benchmark --mode=padding,compile,calls,seeds,saves \
+      --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8] \
+      [--seeds=1,2,3]
 
 padding: the evaluation grid's padded tokens on the config's validation and test
 splits, against the two lengths per split chosen before it. compile: seconds to
@@ -22,7 +23,10 @@ cache, one after another (--threads=1) and in parallel (0: the default pool),
 then the compiled train step's and validation search's times; compare compiler
 options with --config.compile.train_options=... and eval_options=.... calls:
 steps/s at each --steps_per_call (config.train.steps_per_call), metrics read
-back once per call as in training.
+back once per call as in training. seeds: steps/s of S seeds trained as one
+program, for each S of --seeds (1: the run alone), and each one's wall time per
+step against the first's. saves: seconds per checkpoint save of the run's train
+state, waited for and written in the background (the loop's stall, the write).
 """
 
 import json
@@ -34,9 +38,10 @@ from seq2seq.cli import define_config_flag, run_main
 from seq2seq.errors import UserError
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
-                          " padding, compile, calls (these three of --config's run).")
+                          " padding, compile, calls, seeds, saves (these five of --config's run).")
 _CONFIG = define_config_flag()
 _CALLS = flags.DEFINE_list("steps_per_call", ["1", "4", "8"], "calls: steps per call to compare.")
+_SEEDS = flags.DEFINE_list("seeds", ["1", "2", "3"], "seeds: seeds per program to compare.")
 _THREADS = flags.DEFINE_list("threads", ["1", "0"], "compile: compiling threads to compare (1: one"
                              " after another; 0: the default pool).")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
@@ -75,7 +80,7 @@ def _measure() -> None:
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
       print(json.dumps(result), flush=True)
-  if {"padding", "compile", "calls"} & set(_MODE.value):
+  if {"padding", "compile", "calls", "seeds", "saves"} & set(_MODE.value):
     _startup(_MODE.value)
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
@@ -88,7 +93,7 @@ def _measure() -> None:
 def _startup(modes: list[str]) -> None:
   """--mode=padding and --mode=compile, of --config's run."""
   if _CONFIG.value is None:
-    raise UserError("--mode=padding, compile and calls measure a run's config; pass"
+    raise UserError("--mode=padding, compile, calls, seeds and saves measure a run's config; pass"
                     " --config=configs/<name>.py.")
   if "padding" in modes:
     for result in startup_benchmark.padding_benchmark(_CONFIG.value):
@@ -100,4 +105,11 @@ def _startup(modes: list[str]) -> None:
   if "calls" in modes:
     for result in startup_benchmark.calls_benchmark(_CONFIG.value,
                                                     [int(k) for k in _CALLS.value]):
+      print(json.dumps(result), flush=True)
+  if "saves" in modes:
+    for result in startup_benchmark.saves_benchmark(_CONFIG.value):
+      print(json.dumps(result), flush=True)
+  if "seeds" in modes:
+    for result in startup_benchmark.seeds_benchmark(_CONFIG.value,
+                                                    [int(s) for s in _SEEDS.value]):
       print(json.dumps(result), flush=True)
