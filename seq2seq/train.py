@@ -58,9 +58,8 @@ def train_seeds(config: ml_collections.ConfigDict,
 
   Returns:
     Per seed: what `train_and_evaluate` returns, or the `UserError` that ended that member
-    alone (its divergence, a full disk at its save, its workdir in use by another training)
-    while the others trained on. Errors before the first step (a mismatched run) are
-    raised.
+    alone while the others trained on: its workdir in use or holding another run, its
+    divergence, a full disk at its save. Errors of the whole group are raised.
   """
   _prepare(config)
   with signals.defer_interrupts(jax.process_count() > 1):
@@ -166,12 +165,15 @@ def _train_group(config: ml_collections.ConfigDict,
     for seed, workdir in runs.items():
       member = config_lib.from_json(config_lib.to_json(config))
       member.train.seed = seed
-      claim = _Claim(member, workdir)
-      stack.callback(claim.close)
-      if (done := claim.finished()) is not None:
-        results[seed] = done
-      else:
-        claims[seed] = claim
+      try:  # A member that does not fit its workdir ends alone; the others train.
+        claim = _Claim(member, workdir)
+        stack.callback(claim.close)
+        if (done := claim.finished()) is not None:
+          results[seed] = done
+        else:
+          claims[seed] = claim
+      except UserError as e:
+        results[seed] = e
     for seed, claim in list(claims.items()):
       try:
         stack.enter_context(claim.held())

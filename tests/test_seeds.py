@@ -93,6 +93,7 @@ def test_a_two_seed_sweep_lowers_one_train_program_whose_members_equal_the_runs_
     assert (member / "config.json").read_text() == (alone[seed] / "config.json").read_text()
 
 
+@pytest.mark.slow  # Decodes with an ensemble, then compares: about 20 s.
 def test_members_are_runs_for_evaluate_ensemble_and_compare(group, tmp_path):
   root = group[0]
   members = [root / f"seed-{seed}" for seed in SEEDS]
@@ -127,6 +128,22 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
   for seed, workdir in workdirs.items():
     for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_group_trains_several_steps_per_call(tmp_path):
+  """config.train.steps_per_call=2 in a seed group: a call of 2 steps (the vmapped scan) gives
+  the group's two single steps, to float32 rounding."""
+  c = shared_run_config()
+  c.train.steps_per_call = 2
+  trainer = Trainer(c, tmp_path / "run", seeds=SEEDS)
+  trainer.compile()  # The call of 2, and (in the background) the single step.
+  called, metrics = trainer.train(trainer.new_state(), 0, 2)
+  stepped = trainer.new_state()
+  for step in range(2):
+    stepped, one = trainer.train(stepped, step, 1)
+    np.testing.assert_allclose(metrics["loss"][:, step], one["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(called), jax.tree.leaves(stepped), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_seeds_of_a_point_share_the_shape_of_every_batch():
