@@ -117,12 +117,11 @@ class TerminateOnNonFinite:
   def __call__(self, done: int) -> None:
     """Checks the interval's unchecked steps, the last of which is `done`."""
     fetched = self.interval.unchecked()
-    last_checkpoint = self.checkpoints.latest_step()
     for i, m in enumerate(fetched):
       loss, grad_norm = float(m["loss"]), float(m["grad_norm"])
-      if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+      if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # (Not waiting for a write.)
         raise diverged(f"training loss is {loss} (gradient norm {grad_norm})",
-                       done - len(fetched) + i + 1, last_checkpoint)
+                       done - len(fetched) + i + 1, self.checkpoints.latest_step())
 
 
 def train_record(metrics: list[dict], elapsed: float, learning_rate: float) -> dict:
@@ -305,7 +304,7 @@ class AgreedStop:
   """SIGINT/SIGTERM during the loop: every process stops after the same step
   (`signals.StopSignals`); each run saves a checkpoint of it (`RunActions.save_on_stop`)."""
 
-  def __init__(self):
+  def __init__(self):  # Installs the handlers.
     self.signals = signals.StopSignals()
 
   def before_start(self, start: int) -> None:
@@ -354,13 +353,11 @@ class LoopActions:
   signal handlers."""
 
   def __init__(self, trainer, runs: list[tuple[Checkpoints, Path]], start: int):
-    self.progress = Progress(start, trainer.config.train.num_steps)
-    group = trainer.seeds is not None
-    self.runs = []
+    self.progress, self.runs = Progress(start, trainer.config.train.num_steps), []
     try:
       for i, (checkpoints, workdir) in enumerate(runs):
         self.runs.append(RunActions(trainer, checkpoints, workdir, start, self.progress,
-                                    i if group else None))
+                                    None if trainer.seeds is None else i))
       self.compile_log = CompileLog(trainer, [run.writer for run in self.runs], self.progress)
       self.stop = AgreedStop()  # Last: from here, signals are recorded.
     except BaseException:
@@ -400,7 +397,7 @@ class LoopActions:
     self.stop.signals.restore()
     self._close()
 
-  def _close(self) -> None:
+  def _close(self) -> None:  # The progress bar and every run's metrics writer.
     self.progress.close()
     for run in self.runs:
       run.writer.close()
