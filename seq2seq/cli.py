@@ -4,6 +4,8 @@ not a traceback."""
 import logging
 import os
 import sys
+import traceback
+from pathlib import Path
 
 from absl import flags
 from absl import logging as absl_logging
@@ -11,10 +13,10 @@ from ml_collections import config_flags
 
 from seq2seq import compiling, signals
 from seq2seq import config as config_lib
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, file_fault
 from seq2seq.signals import Interrupted
 
-flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error.")
+flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error (still status 2).")
 
 
 def _one_line(error: Exception) -> str:
@@ -46,8 +48,14 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
   return holder
 
 
-def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
-  """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too.
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
+                positional: str = "") -> list[str]:
+  """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too, and so is
+  an argument that is not a flag, unless the command takes `positional` ones (named so).
+  --help prints the usage and exits 0.
 
   `--config.<field>` overrides are checked against the base config first, so an
   unknown field or a value of the wrong type names the flag and the fix instead
@@ -60,16 +68,29 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
         break
       if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
         config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
-    return flag_values(argv)
+    try:
+      rest = flag_values(argv)
+    except SystemExit as e:  # absl's --help prints the usage, then exits 1.
+      sys.exit(0 if e.code == 1 and set(HELP_FLAGS) & set(argv[1:]) else e.code)
+    if len(rest) > 1 and not positional:
+      raise UserError(f"unexpected argument {rest[1]!r}: this command takes flags only"
+                      f" (--name=value); see {Path(rest[0]).name} --help.")
+    return rest
   except (UserError, flags.Error) as e:
-    if "--verbose" in argv:
-      raise
-    print(f"error: {_one_line(e)}", file=sys.stderr)
-    sys.exit(2)
+    _user_error(e, "--verbose" in argv)
+
+
+def _user_error(error: Exception, verbose: bool) -> None:
+  """Exits with status 2 after one line `error: <message>` (and, `verbose`, the traceback)."""
+  if verbose:
+    traceback.print_exception(error)
+  print(f"error: {_one_line(error)}", file=sys.stderr)
+  sys.exit(2)
 
 
 def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
-  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2.
+  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2, and so
+  does a full disk or a read-only destination (`errors.file_fault`).
 
   SIGINT/SIGTERM print `stopped by <signal>; <interrupted>: the same command starts again.`
   and exit with status 130.
@@ -87,10 +108,12 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
     compiling.enable_cache()
     fn()
   except UserError as e:
-    if flags.FLAGS.verbose:
+    _user_error(e, flags.FLAGS.verbose)
+  except Exception as e:  # A full disk or a read-only path, wherever the write was.
+    fault = file_fault(e)
+    if fault is None:
       raise
-    print(f"error: {_one_line(e)}", file=sys.stderr)
-    sys.exit(2)
+    _user_error(fault, flags.FLAGS.verbose)
   except (Interrupted, KeyboardInterrupt) as e:
     name = str(e) or "SIGINT"
     print(f"stopped by {name}; {interrupted}: the same command starts again.", file=sys.stderr)

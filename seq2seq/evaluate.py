@@ -1,6 +1,7 @@
 """Evaluating a run: on a split of its corpus or on files (`run_evaluation`), and choosing
 among its checkpoints on validation data (`select_checkpoint`)."""
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,12 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
   return result
 
 
+def _members_id(ensemble: Sequence[str]) -> str:
+  """8 hex digits naming the set of --ensemble runs: two ensembles write apart."""
+  members = "\n".join(sorted(str(Path(member).resolve()) for member in ensemble))
+  return hashlib.sha256(members.encode()).hexdigest()[:8]
+
+
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
                    beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None,
                    src_file: str = "", ref_file: str = "",
@@ -86,7 +93,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   else:
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
-  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}" if ensemble else "")
+  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
+                                       if ensemble else "")
   prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
   result = evaluate_split(translator, sources, references, prefix, checkpoint)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]

@@ -8,6 +8,7 @@ and glibc keeps freed memory for reuse (`allocator.keep_freed_memory`, before XL
 threads). So this module imports nothing slow itself (tests/test_cli.py checks it).
 """
 
+import functools
 import importlib
 import os
 import sys
@@ -68,7 +69,8 @@ def run(name: str) -> None:
   from seq2seq import cli  # Imports JAX: after the preamble.
 
   _show_in_help(command)
-  app.run(command.main, flags_parser=cli.parse_flags)
+  app.run(command.main, flags_parser=functools.partial(
+      cli.parse_flags, positional=getattr(command, "POSITIONAL", "")))
 
 
 def train() -> None:

@@ -8,9 +8,11 @@ turns them into a checkpoint and a clean stop.
   training loop (`StopSignals`) stops every process at the same step.
 """
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
 
 
@@ -71,9 +73,32 @@ def exit_on_signals() -> None:
 
 def catch_interrupts() -> None:
   """Start-up (tokenizer training, compilation) and decoding end at once on SIGINT/SIGTERM
-  (`Interrupted`); the training loop installs its own handlers, which checkpoint first."""
+  (`Interrupted`); the training loop installs its own handlers, which checkpoint first. An
+  `Interrupted` that a callback swallowed is delivered again (`_redeliver_swallowed`)."""
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _interrupt)
+  if not getattr(sys.unraisablehook, "redelivers_interrupts", False):
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      if not _redeliver_swallowed(unraisable):
+        previous(unraisable)
+
+    hook.redelivers_interrupts = True
+    sys.unraisablehook = hook
+
+
+def _redeliver_swallowed(unraisable) -> bool:
+  """Whether `unraisable` is an `Interrupted` that a callback swallowed (JAX's garbage-
+  collection hook, a `__del__`): if so, the signal is raised again in the main thread, from
+  where the command's code runs, which then ends as the signal asks."""
+  if not isinstance(unraisable.exc_value, Interrupted):
+    return False
+  name = str(unraisable.exc_value)
+  if name in signal.Signals.__members__ and not interrupts_deferred():
+    # From another thread: the main thread's handler runs once this callback has returned.
+    threading.Timer(0.01, _thread.interrupt_main, [signal.Signals[name]]).start()
+  return True
 
 
 def _interrupt(signum, frame):

@@ -12,9 +12,14 @@ def as_lines(lines: Sequence[str]) -> str:
   return "".join(line.replace("\n", " ") + "\n" for line in lines)
 
 
-def check_output(path: str | Path, flag: str) -> None:
-  """Raises `UserError` unless `path` can be written as a file: checked before the work."""
+def check_output(path: str | Path, flag: str, inputs: dict[str, str | Path] | None = None) -> None:
+  """Raises `UserError` unless `path` can be written as a file without replacing one of the
+  command's `inputs` (flag -> path; a link to one counts): checked before the work."""
   path = Path(path)
+  for input_flag, source in (inputs or {}).items():
+    if path.exists() and Path(source).exists() and path.samefile(source):
+      raise UserError(f"{flag}={path} is {input_flag}={source}: writing it would replace the"
+                      " input; pass another output file.")
   if path.is_dir():
     raise UserError(f"{flag}={path} is a directory; pass a file name.")
   if not path.parent.is_dir():

@@ -117,6 +117,23 @@ def _check_vocabulary(workdir: Path) -> Path:
   return vocab
 
 
+def _distinct_runs(workdir: Path, others: Sequence[str | Path]) -> list[Path]:
+  """`workdir` and the --ensemble runs `others`, each once: an empty entry (a stray comma) or
+  a run named twice (by any path) is a `UserError`, before anything is read."""
+  if any(not str(other).strip() for other in others):
+    raise UserError(f"--ensemble={','.join(map(str, others))} has an empty entry (a stray"
+                    " comma); list the other runs' workdirs, e.g. --ensemble=runs/b,runs/c.")
+  runs, seen = [workdir, *map(Path, others)], {}
+  for run in runs:
+    key = run.resolve()
+    if key in seen:
+      raise UserError(f"--ensemble: {run} is a run already listed (as {seen[key]}, by"
+                      " --workdir or --ensemble); name each run once: an ensemble counts each"
+                      " member once.")
+    seen[key] = run
+  return runs
+
+
 def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
                       keep: int) -> list[tuple[Path, str]] | None:
   """(workdir, checkpoint spec) of each member of an ensemble; None for one model.
@@ -125,7 +142,7 @@ def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Pat
   `workdir` and `others` are, each at the checkpoint `checkpoint` names for it.
   """
   if not checkpoint.startswith("ensemble:"):
-    return [(workdir, checkpoint), *((Path(w), checkpoint) for w in others)] if others else None
+    return [(w, checkpoint) for w in _distinct_runs(workdir, others)] if others else None
   if others:
     raise UserError(f"--checkpoint={checkpoint} ensembles checkpoints of --workdir alone; drop"
                     " --ensemble, or pass --checkpoint=best (or another) with it.")
@@ -216,6 +233,10 @@ class Translator:
                         " ensemble runs of one vocabulary, such as runs that differ only in"
                         " config.train.seed.")
       configs.append(config_lib.from_json((member / workdirs.CONFIG).read_text(encoding="utf-8")))
+      direction = lambda c: f"{c.data.src_lang}->{c.data.tgt_lang}"  # noqa: E731
+      if direction(configs[-1]) != direction(self.config):
+        raise UserError(f"--ensemble: {member} translates {direction(configs[-1])} but {workdir}"
+                        f" translates {direction(self.config)}; ensemble runs of one direction.")
     self.tokenizer = Tokenizer.load(vocab)
     self.checkpoint = checkpoint
     groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).

@@ -37,7 +37,9 @@ LOCK = Path(".lock")
 
 def write_atomically(path: Path, text: str) -> None:
   """Replaces `path` by `text` whole or not at all: written to `<name>.tmp` and renamed, so a
-  kill leaves the old file, and an interrupted write leaves no temporary file behind."""
+  kill leaves the old file, and an interrupted write leaves no temporary file behind. A
+  symbolic link stays one: the file it points to is replaced."""
+  path = path.resolve() if path.is_symlink() else path
   tmp = path.with_name(path.name + ".tmp")
   try:
     tmp.write_text(text, encoding="utf-8", newline="\n")

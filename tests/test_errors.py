@@ -161,6 +161,15 @@ def with_vocab(run, tmp, vocab):
   return copy_run(run, tmp, lambda copy: shutil.copy(vocab, copy / "vocab" / "spm.model"))
 
 
+def reversed_run(run, tmp):
+  """A copy of the run whose config.json says it translates the other way."""
+  def reverse(copy):
+    config = json.loads((copy / "config.json").read_text())
+    config["data"]["src_lang"], config["data"]["tgt_lang"] = "de", "en"
+    (copy / "config.json").write_text(json.dumps(config))
+  return copy_run(run, tmp, reverse)
+
+
 def without_vocab(run, tmp):
   return copy_run(run, tmp, lambda copy: (copy / "vocab" / "spm.model").unlink())
 
@@ -408,6 +417,17 @@ CASES = [
      "--ensemble: {tmp}/copy/vocab/spm.model is not the vocabulary of {run} (an ensemble averages"
      " the members' probabilities of the same tokens); ensemble runs of one vocabulary, such as"
      " runs that differ only in config.train.seed."),
+    ("an ensemble member named twice", lambda r, t, v: evaluate.run_evaluation(
+        r, split="val", ensemble=[str(r)]),
+     "--ensemble: {run} is a run already listed (as {run}, by --workdir or --ensemble); name"
+     " each run once: an ensemble counts each member once."),
+    ("an empty ensemble entry", lambda r, t, v: Translator(r, ensemble=[str(t), ""]),
+     "--ensemble={tmp}, has an empty entry (a stray comma); list the other runs' workdirs, e.g."
+     " --ensemble=runs/b,runs/c."),
+    ("an ensemble member of the other direction", lambda r, t, v: evaluate.run_evaluation(
+        r, split="val", ensemble=[str(reversed_run(r, t))]),
+     "--ensemble: {tmp}/copy translates de->en but {run} translates en->de; ensemble runs of one"
+     " direction."),
     # Checkpoints.
     ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
      "{tmp} is not a training run (no config.json); pass the --workdir that scripts/train.py"
@@ -626,8 +646,21 @@ COMMANDS = [
     ("compare.py, --alpha reaches the comparison",
      ["compare.py", "{run}", "--alpha=-1", "--out={tmp}/new"],
      "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),
+    ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],
+     "unexpected argument 'val': this command takes flags only (--name=value); see evaluate.py"
+     " --help."),
+    ("translate.py, --top_k without --sample",
+     ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/new",
+      "--top_k=5"],
+     "--top_k applies to sampling only; add --sample, or drop --top_k."),
+    ("translate.py, the output is the input",
+     ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/in.en"],
+     "--output={tmp}/in.en is --input={tmp}/in.en: writing it would replace the input; pass"
+     " another output file."),
 ]
-FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"}}
+FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"},
+         "translate.py, --top_k without --sample": {"in.en": b"A dog.\n"},
+         "translate.py, the output is the input": {"in.en": b"A dog.\n"}}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from seq2seq.cli import run_main
 from seq2seq.compare import compare_runs, parse_test_set
 from seq2seq.errors import UserError
 
+POSITIONAL = "RUN_DIR ..."  # The runs to compare.
 _BASELINE = flags.DEFINE_string("baseline", "", "Run the others are tested against"
                                 " (default: the first).")
 _SPLIT = flags.DEFINE_enum("split", "test", ["val", "test"], "Split of the table's test columns.")

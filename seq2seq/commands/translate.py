@@ -16,6 +16,7 @@ import sys
 from absl import flags
 
 from seq2seq.cli import define_run_flags, run_main
+from seq2seq.errors import UserError
 from seq2seq.textio import as_lines, check_output, read_lines, write_lines
 from seq2seq.translator import Translator
 
@@ -41,8 +42,13 @@ def main(argv):
   del argv
 
   def translate():
+    given = [f"--{name}" for name in ("temperature", "top_k", "seed") if flags.FLAGS[name].present]
+    if given and not _SAMPLE.value:
+      raise UserError(f"{', '.join(given)} applies to sampling only; add --sample, or drop"
+                      f" {given[0]}.")
     if _OUTPUT.value != "-":
-      check_output(_OUTPUT.value, "--output")
+      check_output(_OUTPUT.value, "--output",
+                   inputs={"--input": _INPUT.value} if _INPUT.value != "-" else {})
     # Typed at a terminal, each line is answered as it comes; otherwise all at once.
     interactive = _INPUT.value == "-" and _OUTPUT.value == "-" and sys.stdin.isatty()
     lines = [] if interactive else read_lines(_INPUT.value if _INPUT.value != "-"
