@@ -9,16 +9,19 @@ unless `one_by_one`; either way each is an ordinary run in its own workdir.
 """
 
 import concurrent.futures
+import gc
 import itertools
 import logging
 import multiprocessing
+import os
+import signal
 from pathlib import Path
 
 import jax
 import ml_collections
 
 from seq2seq import config as config_lib
-from seq2seq import main, models, workdirs
+from seq2seq import main, models, signals, workdirs
 from seq2seq.checkpoint import Checkpoints
 from seq2seq.errors import UserError
 
@@ -197,13 +200,37 @@ def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
                                               initializer=main.start_worker,
                                               initargs=(parallel,)) as pool:
     futures = {pool.submit(_train, *task[:2]): task[2] for task in tasks}
-    for future in concurrent.futures.as_completed(futures):
-      if future.cancelled():
-        continue
-      error = future.exception()
-      if error is None:
-        status.trained(futures[future], future.result())
-        if status.stopped:
-          pool.shutdown(wait=True, cancel_futures=True)
-      else:
-        status.failed(futures[future], error)
+    try:
+      _collect(futures, status, pool)
+    except (signals.Interrupted, KeyboardInterrupt) as e:
+      # A signal to the sweep alone (`kill PID`, a scheduler) stops its trainers too: each
+      # saves its step. Their outcomes are recorded, then the sweep ends as the signal asks.
+      interrupted = e
+      pool.shutdown(wait=False, cancel_futures=True)
+      for worker in multiprocessing.active_children():
+        os.kill(worker.pid, signal.SIGTERM)
+      with signals.defer_interrupts():
+        _collect(futures, status, pool, stopped_by=str(e) or "SIGINT")
+    else:
+      return
+  del pool, futures  # The pool's queues, closed before the command leaves (os._exit).
+  gc.collect()
+  raise interrupted
+
+
+def _collect(futures: dict, status: _Status, pool, stopped_by: str = "") -> None:
+  """Records each task's outcome as it ends; a stopped run stops the sweep. After a signal
+  (`stopped_by`), a worker that ended without a result was stopped while it started."""
+  for future in concurrent.futures.as_completed(futures):
+    if future.cancelled():
+      continue
+    error = future.exception()
+    if error is None:
+      status.trained(futures[future], future.result())
+      if status.stopped and not stopped_by:
+        pool.shutdown(wait=True, cancel_futures=True)
+    elif stopped_by:
+      for name in futures[future].values():
+        status.record(name, f"stopped by {stopped_by} while it started")
+    else:
+      status.failed(futures[future], error)

@@ -4,13 +4,17 @@ import csv
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
 from seq2seq import compare, compare_eval, compare_stats, main, sweep
+from seq2seq.checkpoint import Checkpoints
 from seq2seq.trainer import Trainer
 from seq2seq.workdirs import WorkdirLock
-from tests.helpers import PNG, fast_tiny_config, load_config
+from tests.helpers import ENV, FAST, PNG, ROOT, fast_tiny_config, load_config
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +139,30 @@ def test_a_parallel_sweep_trains_each_point_in_a_process_of_its_own(tmp_path):
   c.train.num_steps, c.eval.every_steps = 2, 2
   status = sweep.run_sweep(c, ["model.attention=dot,general"], tmp_path, parallel=2)
   assert status == {"attention-dot": "trained", "attention-general": "trained"}
+
+
+@pytest.mark.slow  # Two trainers in processes of their own, stopped: about a minute.
+def test_a_sigterm_to_a_parallel_sweep_stops_and_saves_its_trainers(tmp_path):
+  """`kill PID` of a `--parallel=2` sweep: both trainers save their step and stop, the sweep
+  says so and exits 130."""
+  command = [sys.executable, str(ROOT / "scripts" / "sweep.py"),
+             f"--config={ROOT / 'configs' / 'tiny.py'}", *FAST, f"--root={tmp_path}",
+             "--sweep=model.attention=dot,general", "--parallel=2",
+             "--config.train.num_steps=100000", "--config.eval.every_steps=100000"]
+  log = tmp_path / "sweep.log"  # A file, not a pipe: the trainers' progress bars fill one.
+  with open(log, "w") as stderr:
+    sweep_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+  runs = [tmp_path / "attention-dot", tmp_path / "attention-general"]
+  deadline = time.monotonic() + 240
+  while not all((run / "metrics.jsonl").exists() for run in runs):  # Both have run step 1.
+    assert time.monotonic() < deadline and sweep_process.poll() is None
+    time.sleep(0.5)
+  sweep_process.send_signal(signal.SIGTERM)
+  sweep_process.wait(timeout=240)
+  stderr = log.read_text()
+  assert sweep_process.returncode == 130, stderr[-3000:]
+  assert "leaked" not in stderr
+  for run in runs:
+    steps = Checkpoints(run, keep=2).all_steps()
+    assert len(steps) == 1 and 0 < steps[0] < 100000
+    assert f"{run.name}: stopped by SIGTERM at step {steps[0]}" in stderr
