@@ -128,7 +128,7 @@ def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
   baseline = Path(baseline) if baseline else run_dirs[0]
   run_dirs = [baseline] + [w for w in run_dirs if w.resolve() != baseline.resolve()]
   names = run_names(run_dirs)
-  configs = [config_lib.from_json((w / workdirs.CONFIG).read_text(encoding="utf-8"))
+  configs = [config_lib.read_run_config(w)
              for w in run_dirs]
   records = [_training_record(w) for w in run_dirs]
   return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]

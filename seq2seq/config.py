@@ -416,11 +416,37 @@ def saved_value(saved: dict, section: str, key: str, default):
   return saved.get(section, {}).get(key, BEFORE_FIELD.get((section, key), default))
 
 
+def read_json(path: Path, fix: str) -> dict:
+  """A JSON object that a command wrote to `path`; one that does not parse (cut short, or
+  edited) is a `UserError` naming the file and `fix`."""
+  try:
+    value = json.loads(Path(path).read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    reason = getattr(e, "msg", None) or e.reason
+    raise UserError(f"{path} is not valid JSON ({reason}); {fix}.") from None
+  if not isinstance(value, dict):
+    raise UserError(f"{path} is not the JSON object this project writes; {fix}.")
+  return value
+
+
+def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
+  """A run's saved config (`<workdir>/config.json`, `from_json`)."""
+  return from_saved(read_json(Path(workdir) / "config.json", RUN_CONFIG_FIX))
+
+
+RUN_CONFIG_FIX = ("seq2seq writes it whole, so it was cut or edited since; put it back from a copy"
+                  " of the run")
+
+
 def from_json(text: str) -> ml_collections.ConfigDict:
   """A saved run config over the base config: fields the saved config lacks take their
   defaults (or `BEFORE_FIELD`'s value, where the default computes something else)."""
+  return from_saved(json.loads(text))
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """`from_json` of the parsed JSON."""
   config = base_config()
-  saved = json.loads(text)
   for (section, key), value in BEFORE_FIELD.items():
     if key not in saved.get(section, {}):
       config[section][key] = value

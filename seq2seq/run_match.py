@@ -8,7 +8,6 @@ one `UserError` that names what differs and how to put the run back together.
 """
 
 import hashlib
-import json
 from pathlib import Path
 
 import jax
@@ -29,7 +28,7 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
   path = Path(workdir) / workdirs.CONFIG
   if not path.exists():
     return
-  saved = json.loads(path.read_text(encoding="utf-8"))
+  saved = config_lib.read_json(path, config_lib.RUN_CONFIG_FIX)
   differ, flags = [], []
   for section in ("model", "data"):
     for key, value in config[section].to_dict().items():

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from seq2seq import config as config_lib
 from seq2seq import workdirs
 from seq2seq.checkpoint import CheckpointRemoved, Checkpoints
 from seq2seq.errors import UserError
@@ -27,7 +28,12 @@ def selected_checkpoint(workdir: Path) -> str:
     raise UserError(f"--checkpoint=selected needs {path}, which does not exist; choose on"
                     " validation data first: scripts/evaluate.py --split=val"
                     " --checkpoint=best,avg:5,avg:10.")
-  return json.loads(path.read_text(encoding="utf-8"))["checkpoint"]
+  again = ("choose again on validation data: scripts/evaluate.py --split=val"
+           " --checkpoint=best,avg:5,avg:10")
+  choice = config_lib.read_json(path, again).get("checkpoint")
+  if not isinstance(choice, str):
+    raise UserError(f"{path} names no checkpoint; {again}.")
+  return choice
 
 
 def record_selection(workdir: Path, result: dict) -> None:

@@ -45,6 +45,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     was already complete.
   """
   _prepare(config)
+  workdirs.check_is_run_or_new(workdir)
   with signals.defer_interrupts(jax.process_count() > 1):  # Processes start and stop together.
     return _train_in(config, Path(workdir))
 
@@ -77,6 +78,7 @@ class _Claim:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
     self.config, self.workdir, self.checkpoints = config, workdir, None
+    workdirs.check_is_run_or_new(workdir)
     workdirs.check_writable(workdir)
     self.created = jax.process_index() == 0 and workdirs.create_workdir(workdir)
     check_run_config(workdir, config)
@@ -114,6 +116,7 @@ class _Claim:
     with workdirs.WorkdirLock(self.workdir, enabled=jax.process_index() == 0):
       finished = False
       try:
+        self._remove_leftover_vocabulary()
         yield
         finished = True
       finally:
@@ -124,6 +127,17 @@ class _Claim:
             # A start that failed (or was interrupted) before its first checkpoint leaves
             # nothing; removed before the lock is released, so no other start trains in it.
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+  def _remove_leftover_vocabulary(self) -> None:
+    """A vocabulary beside no config.json and no checkpoint was left by a first start killed
+    before it saved its config: of a config unknown, so trained (or copied) again. Only with
+    the lock held: a start in progress keeps the vocabulary it is training with."""
+    vocab = self.workdir / workdirs.VOCAB.parent
+    if (jax.process_index() == 0 and vocab.is_dir() and self.latest_step() is None
+        and not (self.workdir / workdirs.CONFIG).exists()):
+      log.info("%s holds a vocabulary but no config.json: left by a start that was stopped;"
+               " training it again for this config.", self.workdir)
+      shutil.rmtree(vocab)
 
   def close(self) -> None:
     if self.checkpoints is not None:

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import compiling, distributed, metrics, steps, translator, workdirs
+from seq2seq import config as config_lib
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
@@ -46,11 +47,25 @@ def _load_tokenizer(workdir: Path, train_text: corpus.ParallelText, config):
   `config.data.vocab_from`; then every process loads it."""
   if jax.process_index() == 0:
     if config.data.vocab_from and not (workdir / workdirs.VOCAB).is_file():
+      _check_vocab_from(Path(config.data.vocab_from), config.data.vocab_size)
       tokenizer.copy_vocabulary(Path(config.data.vocab_from), workdir)
     tok = tokenizer.load_or_train(workdir, lambda: train_text.src + train_text.tgt,
                                   config.data.vocab_size, seed=VOCAB_SEED)
   multihost_utils.sync_global_devices("tokenizer")
   return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / workdirs.VOCAB)
+
+
+def _check_vocab_from(source: Path, vocab_size: int) -> None:
+  """Raises `UserError` if the run `source` (config.data.vocab_from) trained its vocabulary at
+  another config.data.vocab_size than this run's, which config.json would then misstate."""
+  if not (source / workdirs.CONFIG).is_file():
+    return  # tokenizer.copy_vocabulary says what is missing.
+  size = config_lib.read_run_config(source).data.vocab_size
+  if size != vocab_size:
+    raise UserError(f"config.data.vocab_from={source} holds a vocabulary of"
+                    f" config.data.vocab_size={size}, not this run's {vocab_size}; pass"
+                    f" --config.data.vocab_size={size}, or drop vocab_from to train one of"
+                    f" {vocab_size}.")
 
 
 def _sharded_size(abstract_params, params_sharding) -> int:

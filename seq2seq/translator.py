@@ -192,7 +192,7 @@ class Translator:
     if sample_seed is not None and (nbest > 1 or not 0 < temperature < math.inf or top_k < 0):
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
-    self.config = config_lib.from_json(config_path.read_text(encoding="utf-8"))
+    self.config = config_lib.read_run_config(workdir)
     self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
                                     temperature=temperature, top_k=top_k)
     self.batch_size = batch_size or self.config.eval.batch_size
@@ -232,7 +232,7 @@ class Translator:
                         " (an ensemble averages the members' probabilities of the same tokens);"
                         " ensemble runs of one vocabulary, such as runs that differ only in"
                         " config.train.seed.")
-      configs.append(config_lib.from_json((member / workdirs.CONFIG).read_text(encoding="utf-8")))
+      configs.append(config_lib.read_run_config(member))
       direction = lambda c: f"{c.data.src_lang}->{c.data.tgt_lang}"  # noqa: E731
       if direction(configs[-1]) != direction(self.config):
         raise UserError(f"--ensemble: {member} translates {direction(configs[-1])} but {workdir}"

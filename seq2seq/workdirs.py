@@ -33,6 +33,24 @@ METRICS = Path("metrics.jsonl")
 TENSORBOARD = Path("tensorboard")
 EVAL = Path("eval")
 LOCK = Path(".lock")
+# What only a run's directory holds: a directory with files but none of these is not a run.
+RUN_ENTRIES = (CONFIG, VOCAB.parent, CHECKPOINTS, DAMAGED_CHECKPOINTS, METRICS, TENSORBOARD, EVAL,
+               LOCK)
+
+
+def check_is_run_or_new(workdir: str | Path) -> None:
+  """Raises `UserError` if `workdir` is empty text, or a directory that holds files but
+  nothing of a run (a corpus folder, a home directory): training there would adopt it."""
+  if not str(workdir).strip():
+    raise UserError("--workdir is empty; pass the directory of the run, e.g."
+                    " --workdir=runs/m30k_transformer.")
+  workdir = Path(workdir)
+  if workdir.is_dir() and any(workdir.iterdir()) and not any(
+      (workdir / entry).exists() for entry in RUN_ENTRIES):
+    example = sorted(p.name for p in workdir.iterdir())[0]
+    raise UserError(f"--workdir={workdir} holds files ({example}, ...) but no run (no"
+                    f" {CONFIG}, {CHECKPOINTS}/ or {VOCAB.parent}/); pass a new directory for"
+                    " the run, or a run's workdir.")
 
 
 def write_atomically(path: Path, text: str) -> None:

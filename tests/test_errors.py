@@ -221,6 +221,13 @@ def config_only(run, tmp):
   return tmp
 
 
+def not_a_run(tmp):
+  """A directory of the user's files (a corpus folder, say): not a run."""
+  (tmp / "data").mkdir()
+  (tmp / "data" / "train.en").write_text("A dog.\n")
+  return prepared(tmp / "data")
+
+
 def text_file(tmp, name, data: bytes):
   path = tmp / name
   path.write_bytes(data)
@@ -417,6 +424,26 @@ CASES = [
      "--ensemble: {tmp}/copy/vocab/spm.model is not the vocabulary of {run} (an ensemble averages"
      " the members' probabilities of the same tokens); ensemble runs of one vocabulary, such as"
      " runs that differ only in config.train.seed."),
+    ("vocab_from a run of another vocabulary size",
+     lambda r, t, v: train_with(t / "new", data__vocab_from=str(r), data__vocab_size=300),
+     "config.data.vocab_from={run} holds a vocabulary of config.data.vocab_size=500, not this"
+     " run's 300; pass --config.data.vocab_size=500, or drop vocab_from to train one of 300."),
+    ("an empty workdir", lambda r, t, v: train.train_and_evaluate(fast_tiny_config(), ""),
+     "--workdir is empty; pass the directory of the run, e.g. --workdir=runs/m30k_transformer."),
+    ("a workdir that is not a run",
+     lambda r, t, v: train_with(not_a_run(t)),
+     "--workdir={tmp}/data holds files (train.en, ...) but no run (no config.json, checkpoints/"
+     " or vocab/); pass a new directory for the run, or a run's workdir."),
+    ("a config.json cut short", lambda r, t, v: evaluate.run_evaluation(
+        copy_run(r, t, lambda copy: (copy / "config.json").write_text("{"))),
+     "{tmp}/copy/config.json is not valid JSON (Expecting property name enclosed in double"
+     " quotes); seq2seq writes it whole, so it was cut or edited since; put it back from a copy"
+     " of the run."),
+    ("an empty selected.json", lambda r, t, v: Translator(copy_run(
+        r, t, lambda copy: (copy / "eval").mkdir() or (copy / "eval" / "selected.json")
+        .write_text("")), "selected"),
+     "{tmp}/copy/eval/selected.json is not valid JSON (Expecting value); choose again on"
+     " validation data: scripts/evaluate.py --split=val --checkpoint=best,avg:5,avg:10."),
     ("an ensemble member named twice", lambda r, t, v: evaluate.run_evaluation(
         r, split="val", ensemble=[str(r)]),
      "--ensemble: {run} is a run already listed (as {run}, by --workdir or --ensemble); name"

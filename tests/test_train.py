@@ -443,3 +443,14 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_given(tmp
   for a, b in zip(jax.tree.leaves(restored), saved, strict=True):
     np.testing.assert_array_equal(np.asarray(a), b)
   checkpoints.close()
+
+
+def test_a_vocabulary_left_by_a_stopped_first_start_is_trained_again(run, tmp_path, tiny_config):
+  """A first start killed after writing vocab/ but before config.json left a vocabulary of
+  another config (here 500 pieces): the next start trains its own (300), not the leftover."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run / "vocab", workdir / "vocab")
+  tiny_config.data.vocab_size, tiny_config.train.num_steps = 300, 1
+  tiny_config.eval.every_steps = 1
+  train.train_and_evaluate(tiny_config, workdir)
+  assert tokenizer.Tokenizer.load(workdir / "vocab" / "spm.model").vocab_size == 300
