@@ -12,7 +12,7 @@ from seq2seq.errors import UserError
 from seq2seq.metrics import evaluate_split
 from seq2seq.selection import record_selection
 from seq2seq.textio import read_lines
-from seq2seq.translator import Translator, plot_alignment
+from seq2seq.translator import Translator, check_candidates, plot_alignment
 
 log = logging.getLogger("seq2seq")
 
@@ -33,6 +33,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
                     " data; choose on validation data (--split=val), then score the choice"
                     " with --checkpoint=selected --split=test.")
   workdir = Path(workdir)
+  check_candidates(workdir, candidates)  # Every one, before any is decoded.
   translator, found = None, {}
   for spec in candidates:
     # Parameters swap into the compiled search; an ensemble (`ensemble:N`) is another model.

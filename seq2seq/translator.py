@@ -117,6 +117,34 @@ def _check_vocabulary(workdir: Path) -> Path:
   return vocab
 
 
+def check_is_run(workdir: Path) -> None:
+  if not (workdir / workdirs.CONFIG).exists():
+    raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
+                    " that scripts/train.py wrote.")
+
+
+def check_candidates(workdir: Path, candidates: Sequence[str]) -> None:
+  """Raises `UserError` unless every checkpoint spec of a list to choose from names
+  checkpoints that `workdir` holds, each once: all are checked before any is decoded."""
+  check_is_run(workdir)
+  if any(not spec.strip() for spec in candidates) or len(set(candidates)) < len(candidates):
+    raise UserError(f"--checkpoint={','.join(candidates)} has an empty or repeated entry; list"
+                    " each candidate once, e.g. --checkpoint=best,avg:5,avg:10.")
+  if "selected" in candidates:
+    raise UserError("--checkpoint=selected is the choice among candidates, not one of them;"
+                    " list the candidates, e.g. --checkpoint=best,avg:5,avg:10.")
+  keep = config_lib.read_run_config(workdir).checkpoint.keep
+  checkpoints = Checkpoints(workdir, keep)
+  try:
+    for spec in candidates:
+      if spec.startswith("ensemble:"):
+        _ensemble_members(workdir, spec, (), keep)
+      else:
+        checkpoints.resolve(spec)
+  finally:
+    checkpoints.close()
+
+
 def _distinct_runs(workdir: Path, others: Sequence[str | Path]) -> list[Path]:
   """`workdir` and the --ensemble runs `others`, each once: an empty entry (a stray comma) or
   a run named twice (by any path) is a `UserError`, before anything is read."""
@@ -182,10 +210,7 @@ class Translator:
                sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
                ensemble: Sequence[str | Path] = ()):
     workdir = Path(workdir)
-    config_path = workdir / workdirs.CONFIG
-    if not config_path.exists():
-      raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
-                      " that scripts/train.py wrote.")
+    check_is_run(workdir)
     check_search(beam_size, alpha, batch_size)
     if not 1 <= nbest <= beam_size:
       raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")

@@ -4,6 +4,8 @@ import json
 import logging
 import shutil
 import threading
+import warnings
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from seq2seq import compiling, evaluate, steps, train, train_actions, translator
+from seq2seq.errors import UserError
 from seq2seq.translator import Translator
 from tests.helpers import fast_tiny_config
 
@@ -70,6 +73,48 @@ def test_the_cache_switched_off(tmp_path, environ, jax_cache_options):
     assert compiling.enable_cache() is None
     assert jax.config.jax_compilation_cache_dir is None
   assert not (tmp_path / "mine").exists()
+
+
+def test_a_cache_switch_neither_on_nor_off_is_refused(environ, jax_cache_options):
+  environ.setenv(compiling.CACHE_SWITCH, "disabled")  # Was taken as "on".
+  with pytest.raises(UserError) as raised:
+    compiling.enable_cache()
+  assert str(raised.value) == ("SEQ2SEQ_COMPILATION_CACHE=disabled is neither on nor off; set it"
+                               " to off (or 0, false, no) or on, or unset it.")
+
+
+def test_damaged_cache_entries_are_removed_with_one_warning(tmp_path, environ, jax_cache_options,
+                                                            caplog):
+  """An entry a full disk cut to nothing, or one of another format, would fail every read and
+  never be written again (JAX writes only absent entries): removed, with one warning."""
+  cache = tmp_path / "cache"
+  cache.mkdir()
+  (cache / "jit_a-1-cache").write_bytes(b"")
+  (cache / "jit_a-1-atime").write_bytes(b"12345678")
+  (cache / "jit_b-2-cache").write_bytes(b"not an entry")
+  (cache / "jit_c-3-cache").write_bytes(zlib.compress(b"an entry as JAX writes one"))
+  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(cache))
+  with caplog.at_level(logging.WARNING):
+    compiling.enable_cache()
+  assert sorted(p.name for p in cache.iterdir()) == ["jit_c-3-cache"]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"Removed 2 damaged entries of the compilation cache {cache} (cut short by a full disk, or"
+      " overwritten); their programs compile again."]
+
+
+def test_cache_entries_that_fail_are_one_warning(tmp_path, environ, jax_cache_options, caplog):
+  """A full disk under the cache: JAX warns once per program (34 lines for a run); the
+  command says it once, naming the directory and the fix."""
+  environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+  compiling.enable_cache()
+  with caplog.at_level(logging.WARNING):
+    for name in ("jit_train_step", "jit_eval_step", "jit_search"):
+      warnings.warn(f"Error writing persistent compilation cache entry for '{name}':"
+                    " OSError: [Errno 28] No space left on device", stacklevel=1)
+  assert [r.getMessage() for r in caplog.records] == [
+      f"The compilation cache {tmp_path / 'cache'} cannot be read or written (OSError: [Errno 28]"
+      " No space left on device); programs compile without it. Free space there, or remove the"
+      " directory, or set SEQ2SEQ_COMPILATION_CACHE=off."]
 
 
 def _not_a_directory(tmp_path, monkeypatch):

@@ -444,6 +444,13 @@ CASES = [
         .write_text("")), "selected"),
      "{tmp}/copy/eval/selected.json is not valid JSON (Expecting value); choose again on"
      " validation data: scripts/evaluate.py --split=val --checkpoint=best,avg:5,avg:10."),
+    ("a candidate the run does not hold, after others", lambda r, t, v: evaluate.select_checkpoint(
+        copy_run(r, t), ["best", "avg:2", "avg:5"]),
+     "--checkpoint=avg:5 averages 5 checkpoints but {tmp}/copy/checkpoints holds 2 (steps 2, 4);"
+     " use --checkpoint=avg:2 or fewer."),
+    ("a repeated candidate", lambda r, t, v: evaluate.select_checkpoint(r, ["best", "best"]),
+     "--checkpoint=best,best has an empty or repeated entry; list each candidate once, e.g."
+     " --checkpoint=best,avg:5,avg:10."),
     ("an ensemble member named twice", lambda r, t, v: evaluate.run_evaluation(
         r, split="val", ensemble=[str(r)]),
      "--ensemble: {run} is a run already listed (as {run}, by --workdir or --ensemble); name"
@@ -673,6 +680,14 @@ COMMANDS = [
     ("compare.py, --alpha reaches the comparison",
      ["compare.py", "{run}", "--alpha=-1", "--out={tmp}/new"],
      "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),
+    ("benchmark.py, a width the heads cannot split", ["benchmark.py", "--dim=30", "--heads=4"],
+     "flags dim=30, heads=4: --dim must be divisible by --heads (each head gets dim / heads);"
+     " choose sizes where it is"),
+    ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
+     "flag --mode=['nope']: --mode takes some of train, decode, padding, compile, calls, seeds,"
+     " saves (comma-separated)"),
+    ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
+     "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],
      "unexpected argument 'val': this command takes flags only (--name=value); see evaluate.py"
      " --help."),

@@ -29,6 +29,7 @@ step against the first's. saves: seconds per checkpoint save of the run's train
 state, waited for and written in the background (the loop's stall, the write).
 """
 
+import functools
 import json
 
 from absl import flags
@@ -44,23 +45,45 @@ _CALLS = flags.DEFINE_list("steps_per_call", ["1", "4", "8"], "calls: steps per 
 _SEEDS = flags.DEFINE_list("seeds", ["1", "2", "3"], "seeds: seeds per program to compare.")
 _THREADS = flags.DEFINE_list("threads", ["1", "0"], "compile: compiling threads to compare (1: one"
                              " after another; 0: the default pool).")
-_LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.")
-_DIM = flags.DEFINE_integer("dim", 256, "Model width.")
-_HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.")
-_MLP = flags.DEFINE_integer("mlp", 1024, "Feed-forward width.")
-_VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size.")
-_BATCH = flags.DEFINE_integer("batch", 64, "Training sentences per step.")
-_LENGTH = flags.DEFINE_integer("length", 32, "Training source and target tokens per sentence.")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed training steps (the fastest is kept).")
+_LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.", lower_bound=1)
+_DIM = flags.DEFINE_integer("dim", 256, "Model width.", lower_bound=1)
+_HEADS = flags.DEFINE_integer("heads", 4, "Attention heads.", lower_bound=1)
+_MLP = flags.DEFINE_integer("mlp", 1024, "Feed-forward width.", lower_bound=1)
+_VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", 64, "Training sentences per step.", lower_bound=1)
+_LENGTH = flags.DEFINE_integer("length", 32, "Training source and target tokens per sentence.",
+                               lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed training steps (the fastest is kept).",
+                              lower_bound=1)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Training computation dtype (parameters stay float32).")
-_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding call.")
-_SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.")
-_OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "Sentences per decoding call.",
+                                     lower_bound=1)
+_SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sentence.",
+                                lower_bound=1)
+_OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.",
+                                lower_bound=1)
 _BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Decoding: beam sizes (1: greedy).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode with the JAX "
                              "profiler: the share of matmuls, random bits, gathers, top_k, "
                              "copies and the rest, and the slowest XLA instructions.")
+
+
+MODES = ("train", "decode", "padding", "compile", "calls", "seeds", "saves")
+
+
+def _whole_numbers(values: list[str], low: int) -> bool:
+  return all(v.strip().isdigit() and int(v) >= low for v in values)
+
+
+flags.register_validator("mode", lambda modes: bool(modes) and set(modes) <= set(MODES),
+                         f"--mode takes some of {', '.join(MODES)} (comma-separated)")
+for _flag, _low in (("steps_per_call", 1), ("seeds", 1), ("threads", 0), ("beams", 1)):
+  flags.register_validator(_flag, functools.partial(_whole_numbers, low=_low),
+                           f"--{_flag} takes whole numbers of at least {_low}, comma-separated")
+flags.register_multi_flags_validator(
+    ["dim", "heads"], lambda f: f["dim"] % f["heads"] == 0,
+    "--dim must be divisible by --heads (each head gets dim / heads); choose sizes where it is")
 
 
 def main(argv):
