@@ -80,6 +80,10 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
     _user_error(e, "--verbose" in argv)
 
 
+def _verbose() -> bool:
+  return flags.FLAGS.is_parsed() and flags.FLAGS.verbose
+
+
 def _user_error(error: Exception, verbose: bool) -> None:
   """Exits with status 2 after one line `error: <message>` (and, `verbose`, the traceback)."""
   if verbose:
@@ -108,12 +112,12 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
     compiling.enable_cache()
     fn()
   except UserError as e:
-    _user_error(e, flags.FLAGS.verbose)
+    _user_error(e, _verbose())
   except Exception as e:  # A full disk or a read-only path, wherever the write was.
     fault = file_fault(e)
     if fault is None:
       raise
-    _user_error(fault, flags.FLAGS.verbose)
+    _user_error(fault, _verbose())
   except (Interrupted, KeyboardInterrupt) as e:
     name = str(e) or "SIGINT"
     print(f"stopped by {name}; {interrupted}: the same command starts again.", file=sys.stderr)

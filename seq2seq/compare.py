@@ -27,6 +27,7 @@ from seq2seq import config as config_lib
 from seq2seq.compare_eval import TestSet, evaluation, read_test_set
 from seq2seq.compare_stats import paired_bootstrap, seed_aggregate
 from seq2seq.errors import UserError
+from seq2seq.textio import read_lines
 from seq2seq.translator import Translator, check_search
 
 log = logging.getLogger("seq2seq")
@@ -47,6 +48,10 @@ def parse_test_set(spec: str) -> TestSet:
   for path in (src, ref):
     if not Path(path).is_file():
       raise UserError(f"--test_set={spec}: {path} is not a file; pass an existing text file.")
+  lines = [len(read_lines(path, "--test_set")) for path in (src, ref)]
+  if lines[0] != lines[1]:  # Before anything is decoded or cached.
+    raise UserError(f"--test_set={spec}: {src} has {lines[0]} lines but {ref} has {lines[1]};"
+                    " pass a reference line for every source line.")
   return TestSet(name, src, ref)
 
 

@@ -124,7 +124,8 @@ class Trainer:
     self.member_batches = [batching.TrainBatches(
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
         bucket_step=d.bucket_step, seed=seed,
-        row_multiple=jax.device_count() * config.train.grad_accum_steps,
+        row_multiple=config.train.grad_accum_steps,
+        pad_rows_to=jax.device_count() * config.train.grad_accum_steps,
         process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
         num_buckets=d.num_buckets) for seed in self.seeds or [config.train.seed]]
     self.train_batches = self.member_batches[0]

@@ -62,6 +62,8 @@ def write_atomically(path: Path, text: str) -> None:
   try:
     tmp.write_text(text, encoding="utf-8", newline="\n")
     tmp.replace(path)
+  except OSError as e:  # Named by the file the user knows, not its temporary.
+    raise OSError(e.errno, e.strerror, str(path)) from e
   finally:
     tmp.unlink(missing_ok=True)
 

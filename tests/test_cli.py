@@ -291,3 +291,31 @@ def test_verbose_shows_the_traceback_and_keeps_the_status_of_a_user_error(tmp_pa
   assert result.stderr.splitlines()[-1] == (f"error: {tmp_path} is not a training run (no"
                                             " config.json); pass the --workdir that"
                                             " scripts/train.py wrote.")
+
+
+FAULT = r"""
+import errno, os, pathlib
+from seq2seq import cli, textio
+
+def fail(*args, **kwargs):  # As a read-only mount or a full disk answers a write.
+  raise OSError(errno.ERRNO, os.strerror(errno.ERRNO), "OUT.tmp")
+
+def work():
+  pathlib.Path.write_text = fail
+  textio.write_lines("OUT", ["Ein Hund."])
+
+cli.run_main(work)
+"""
+
+
+@pytest.mark.parametrize("errno_name, line", [
+    ("EROFS", "Read-only file system ({out}); make it writable, or pass a path you may write."),
+    ("ENOSPC", "No space left on device ({out}); free some space and run the command again.")])
+def test_a_write_the_disk_refuses_is_one_line_naming_the_file(tmp_path, errno_name, line):
+  out = tmp_path / "out.de"
+  code = FAULT.replace("ERRNO", errno_name).replace("OUT", str(out))
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
+                          timeout=120)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.splitlines() == ["error: " + line.format(out=out)]
+  assert not out.exists() and not list(tmp_path.iterdir())

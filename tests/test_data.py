@@ -274,7 +274,7 @@ def test_train_batches_shift_and_eos():
 
 def test_train_batches_process_sharding():
   src, tgt = _synthetic()
-  kw = dict(KW, seed=4, row_multiple=2)
+  kw = dict(KW, seed=4, pad_rows_to=2)
   whole = batching.TrainBatches(src, tgt, **kw)
   parts = [batching.TrainBatches(src, tgt, process_index=p, process_count=2, **kw)
            for p in range(2)]
@@ -284,8 +284,25 @@ def test_train_batches_process_sharding():
     for k in full:
       np.testing.assert_array_equal(np.concatenate([p(step)[k] for p in parts]), full[k])
     assert full["src"].shape[0] % 2 == 0
-  with pytest.raises(ValueError, match="row_multiple"):
+  with pytest.raises(ValueError, match="pad_rows_to"):
     batching.TrainBatches(src, tgt, process_count=2, **KW, seed=0)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_devices_pad_batches_but_do_not_change_them(pack):
+  """Rows padded for 4 devices (pad_rows_to=4) hold the examples of one device's batches, in
+  the same rows, then filler rows: a run resumed on other hardware sees the same examples."""
+  src, tgt = _synthetic()
+  one = batching.TrainBatches(src, tgt, **KW, seed=3, pack=pack)
+  four = batching.TrainBatches(src, tgt, **KW, seed=3, pack=pack, pad_rows_to=4)
+  assert four.batches_per_epoch == one.batches_per_epoch
+  assert {rows % 4 for rows, _ in four.shapes} == {0}
+  for step in range(one.batches_per_epoch + 2):
+    alone, padded = one(step), four(step)
+    rows = len(alone["src"])
+    for key in alone:
+      np.testing.assert_array_equal(padded[key][:rows], alone[key])
+      assert (padded[key][rows:] == PAD_ID).all() and len(padded[key]) - rows < 4
 
 
 def test_train_batches_empty_after_filtering():

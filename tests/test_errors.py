@@ -451,6 +451,10 @@ CASES = [
     ("a repeated candidate", lambda r, t, v: evaluate.select_checkpoint(r, ["best", "best"]),
      "--checkpoint=best,best has an empty or repeated entry; list each candidate once, e.g."
      " --checkpoint=best,avg:5,avg:10."),
+    ("a test set of unequal line counts", lambda r, t, v: compare.parse_test_set(
+        "mine=" + text_file(t, "a.en", b"one\ntwo\n") + "," + text_file(t, "a.de", b"eins\n")),
+     "--test_set=mine={tmp}/a.en,{tmp}/a.de: {tmp}/a.en has 2 lines but {tmp}/a.de has 1; pass a"
+     " reference line for every source line."),
     ("an ensemble member named twice", lambda r, t, v: evaluate.run_evaluation(
         r, split="val", ensemble=[str(r)]),
      "--ensemble: {run} is a run already listed (as {run}, by --workdir or --ensemble); name"

@@ -281,3 +281,13 @@ def test_translate_at_a_terminal_answers_each_line_as_it_comes(run):
   finally:
     process.kill()
     os.close(main)
+
+
+def test_an_output_that_is_a_link_stays_a_link(tmp_path):
+  """--output=<symbolic link>: the file it points to is replaced, the link stays."""
+  target, link = tmp_path / "real.de", tmp_path / "out.de"
+  target.write_text("old\n")
+  link.symlink_to(target)
+  textio.write_lines(link, ["Ein Hund."])
+  assert link.is_symlink() and target.read_text() == "Ein Hund.\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de", "real.de"]

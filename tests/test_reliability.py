@@ -338,7 +338,8 @@ def test_only_the_start_that_made_the_workdir_removes_it(tmp_path, monkeypatch):
   with pytest.raises(UserError, match="a mistake found while starting"):
     train.train_and_evaluate(shared_run_config(), workdir)
   assert not workdir.exists()
-  workdir.mkdir()  # Made by another start: a failed start leaves it.
+  workdir.mkdir()  # Made by another start (a run's, by its files): a failed start leaves it.
+  (workdir / "metrics.jsonl").write_text("")
   (workdir / "notes.txt").write_text("kept\n")
   with pytest.raises(UserError, match="a mistake found while starting"):
     train.train_and_evaluate(shared_run_config(), workdir)

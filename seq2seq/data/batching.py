@@ -161,7 +161,7 @@ class TrainBatches:
   def __init__(self, src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *,
                tokens_per_batch: int, max_len: int, bucket_step: int, seed: int,
                row_multiple: int = 1, process_index: int = 0, process_count: int = 1,
-               pack: bool = False, num_buckets: int = 0):
+               pack: bool = False, num_buckets: int = 0, pad_rows_to: int = 1):
     """Filters and buckets the examples.
 
     Args:
@@ -171,8 +171,12 @@ class TrainBatches:
       max_len: longest kept sequence, counting the added EOS (or BOS).
       bucket_step: padded lengths are multiples of this.
       seed: seeds the batch order.
-      row_multiple: global rows per batch are a multiple of this (e.g. the number
-        of data-parallel devices); must be a multiple of `process_count`.
+      row_multiple: the examples of a batch are a multiple of this many rows (the gradient
+        accumulation's micro-batches).
+      pad_rows_to: global rows are completed with filler rows (all PAD) to a multiple of this
+        (the data-parallel devices times `row_multiple`); must be a multiple of
+        `process_count`. The batches' examples do not depend on it: a run on other hardware
+        sees the same examples at every step.
       process_index: which contiguous slice of each global batch to return.
       process_count: number of processes sharing each global batch.
       pack: put several examples in each row (see the module docstring).
@@ -181,8 +185,8 @@ class TrainBatches:
     """
     if len(src_ids) != len(tgt_ids):
       raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
-    if row_multiple % process_count:
-      raise ValueError(f"row_multiple={row_multiple} is not a multiple of"
+    if pad_rows_to % process_count:
+      raise ValueError(f"pad_rows_to={pad_rows_to} is not a multiple of"
                        f" process_count={process_count}.")
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
@@ -213,9 +217,10 @@ class TrainBatches:
       padded = chosen[np.searchsorted(chosen, lengths)]  # The shortest that holds each.
       self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
     self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
-                  for b in self._buckets}
+                  for b in self._buckets}  # Examples per batch: the config's alone.
+    self._padded = {b: -(-rows // pad_rows_to) * pad_rows_to for b, rows in self._rows.items()}
     self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
-    self.shapes = sorted((self._rows[b] // process_count, b) for b in self._buckets)
+    self.shapes = sorted((self._padded[b] // process_count, b) for b in self._buckets)
     self._plans = {}
 
   def _plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
@@ -262,8 +267,9 @@ class TrainBatches:
       raise ValueError(f"step={step} must be >= 0.")
     epoch, index = divmod(step, self.batches_per_epoch)
     length, examples = self._plan(epoch)[index]
-    rows = self._rows[length]
-    # The last batch of a bucket is short: complete it with PAD rows (-1).
+    rows = self._padded[length]
+    # The last batch of a bucket is short, and rows are padded for the devices: complete it
+    # with PAD rows (-1).
     examples = np.concatenate([examples, np.full(rows - len(examples), -1, examples.dtype)])
     per_process = rows // self._process_count
     start = self._process_index * per_process
