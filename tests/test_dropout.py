@@ -59,3 +59,11 @@ def test_other_generators_use_their_own_bernoulli():
   key = jax.random.key(6, impl="rbg")
   expected = jnp.where(jax.random.bernoulli(key, 0.75, x.shape), x / 0.75, 0.0)
   np.testing.assert_array_equal(Dropout(0.25)(x, rngs=key), expected)
+
+
+def test_a_masks_rows_do_not_depend_on_the_rows_after_them():
+  """Filler rows appended for the devices leave the real rows' dropout as it was."""
+  key = jax.random.key(3)
+  rows, _ = keep_mask(key, (21, 5, 3), 0.9)
+  padded, _ = keep_mask(key, (24, 5, 3), 0.9)
+  np.testing.assert_array_equal(np.asarray(padded)[:21], np.asarray(rows))

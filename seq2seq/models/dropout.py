@@ -7,8 +7,9 @@ Threefry) and a float conversion. Here one block's two 32-bit words make four
 `round(keep * 2**16)`. The realized keep probability is that threshold over
 2**16 (1 - 0.1 -> 0.899994), and kept units are scaled by its inverse, so the
 expectation is preserved exactly. The bits come from `jax.extend.random`'s
-Threefry with the key's own data: the stream is a pure function of the key and
-the shape, the same on any device layout. Each Threefry block thus serves four
+Threefry with the key's own data: each decision is a pure function of the key
+and its position in the (row-major) mask, the same on any device layout and
+whatever rows follow it. Each Threefry block thus serves four
 decisions instead of one, with no float conversion: dropout's random bits cost a
 fraction of `bernoulli`'s.
 """
@@ -31,8 +32,13 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], keep: float) -> tuple[jax.
   if words % 2:  # Threefry-2x32 turns each pair of counters into two words.
     words += 1
   with jax.named_scope("random_bits"):  # How profiles (seq2seq.profile) recognise it.
+    # Block j hashes the counter pair (2j, 2j + 1) into words 2j and 2j + 1 (threefry_2x32
+    # pairs its input's halves): each word is a function of the key and its position alone,
+    # so a mask's first rows are the same whatever rows follow (filler rows for the devices).
+    blocks = jnp.arange(words // 2, dtype=jnp.uint32)
     bits = jex_random.threefry_2x32(jax.random.key_data(key),
-                                    jnp.arange(words, dtype=jnp.uint32))
+                                    jnp.concatenate([2 * blocks, 2 * blocks + 1]))
+    bits = jnp.stack(jnp.split(bits, 2), axis=1)  # [blocks, 2]: word 2j, then 2j + 1.
   numbers = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(-1)[:size]
   return numbers.reshape(shape) < threshold, threshold / 2**_BITS
 
