@@ -14,6 +14,8 @@ from tests.helpers import ENV, ROOT
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A section named in prose: `docs/training.md`, "Compilation" (or README.md, "Results").
 SECTION_REFERENCE = re.compile(r"((?:docs/)?[a-z_]+\.md|README)`?,\s+\"([^\"]+)\"")
+# A section of the same document: see "On a GPU" below, under "The RNN recipe".
+OWN_SECTION = re.compile(r"(?:[Ss]ee|under) \"([^\"]+)\"")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 PATH = re.compile(r"`((?:seq2seq|configs|scripts|tests|docs|data)/[\w./-]+\.(?:py|md|txt))`")
 
@@ -38,6 +40,8 @@ def test_every_section_link_and_path_a_document_names_exists(doc):
   for name, section in SECTION_REFERENCE.findall(text):
     if not _target(name).is_file() or section not in _sections(_target(name)):
       missing.append(f'{name}, "{section}"')
+  missing += [f'"{section}"' for section in OWN_SECTION.findall(text)
+              if section not in _sections(doc)]
   for link in LINK.findall(text):
     if "://" not in link and not (doc.parent / link).exists():
       missing.append(link)
