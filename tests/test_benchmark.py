@@ -147,6 +147,7 @@ def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
   assert all(r["steps_per_second"] > 0 for r in results)
 
 
+@pytest.mark.slow  # Compiles and trains a run and a group: about 8 s.
 def test_the_seeds_benchmark_trains_groups_of_each_size(tiny_config):
   results = startup_benchmark.seeds_benchmark(tiny_config, [1, 2], steps=2)
   assert [(r["seeds"], r["steps"]) for r in results] == [(1, 2), (2, 2)]

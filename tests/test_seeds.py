@@ -106,6 +106,7 @@ def test_members_are_runs_for_evaluate_ensemble_and_compare(group, tmp_path):
   assert rows[0]["train.seed"] == 0 and rows[1]["train.seed"] == 1
 
 
+@pytest.mark.slow  # Trains a group twice: about 20 s.
 def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group, tmp_path,
                                                                          monkeypatch):
   """A SIGTERM during the first step: both members save step 1, and the same call resumes
@@ -130,6 +131,7 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # Compiles a group's call and step: about 12 s.
 def test_a_group_trains_several_steps_per_call(tmp_path):
   """config.train.steps_per_call=2 in a seed group: a call of 2 steps (the vmapped scan) gives
   the group's two single steps, to float32 rounding."""

@@ -447,6 +447,7 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_it_was_given(tmp
   checkpoints.close()
 
 
+@pytest.mark.slow  # Trains a vocabulary and a run: about 12 s.
 def test_a_vocabulary_left_by_a_stopped_first_start_is_trained_again(run, tmp_path, tiny_config):
   """A first start killed after writing vocab/ but before config.json left a vocabulary of
   another config (here 500 pieces): the next start trains its own (300), not the leftover."""
