@@ -7,6 +7,8 @@ and exits with status 2; anything else that escapes is a bug in seq2seq.
 
 import errno
 import os
+import sys
+from collections.abc import Callable, Iterator
 
 
 class UserError(Exception):
@@ -20,25 +22,48 @@ def describe(error: Exception) -> str:
   return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
 
 
-# A file that cannot be written where the user pointed: the user's to fix, not a bug.
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def file_fault(error: BaseException) -> UserError | None:
-  """The one line for a full disk or a read-only (or forbidden) path found in `error` or the
-  errors it wraps, naming the path and the fix; None if it is something else."""
+def chained(error: BaseException | None) -> Iterator[BaseException]:
+  """`error` and every error it wraps (`__cause__`, `__context__`, an exception group's
+  members), each once: libraries bury an OSError inside their own exceptions."""
   seen, todo = set(), [error]
   while todo:
     e = todo.pop()
     if e is None or id(e) in seen:
       continue
     seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in _FULL + _DENIED:
+    yield e
+    todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+
+
+# errno values of a full disk, and of a path the user may not write.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def file_fault(error: BaseException) -> UserError | None:
+  """The one line for a full disk or a read-only (or forbidden) path found in `error` or the
+  errors it wraps, naming the path and the fix; None if it is something else: a file that
+  cannot be written where the user pointed is the user's to fix, not a bug."""
+  for e in chained(error):
+    if isinstance(e, OSError) and e.errno in FULL_DISK + _DENIED:
       where = f" ({e.filename})" if e.filename else ""
-      fix = ("free some space and run the command again" if e.errno in _FULL
+      fix = ("free some space and run the command again" if e.errno in FULL_DISK
              else "make it writable, or pass a path you may write")
       return UserError(f"{e.strerror or os.strerror(e.errno)}{where}; {fix}.")
-    todo += [e.__cause__, e.__context__]
   return None
+
+
+def handle_unraisable(handled: Callable[[object], bool], marker: str) -> None:
+  """Chains `handled(unraisable)` before `sys.unraisablehook` (once per `marker`): what it
+  returns True for is not reported (an exception a callback or finalizer could not raise)."""
+  if getattr(sys.unraisablehook, marker, False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not handled(unraisable):
+      previous(unraisable)
+
+  setattr(hook, marker, True)
+  sys.unraisablehook = hook
 

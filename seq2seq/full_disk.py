@@ -18,10 +18,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from seq2seq.errors import UserError
+from seq2seq.errors import FULL_DISK, UserError, chained
 
-# errno values of a full disk; tensorstore reports them inside its message as os_error_code='28'.
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+# tensorstore reports a full disk's errno (FULL_DISK) only inside its message text.
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
@@ -32,17 +31,11 @@ def full_disk(error: BaseException | None) -> OSError | None:
   orbax wraps an OSError, and tensorstore's writes raise a ValueError that carries the code
   only in its text ("... No space left on device [os_error_code='28']").
   """
-  seen, todo = set(), [error]
-  while todo:
-    e = todo.pop()
-    if e is None or id(e) in seen:
-      continue
-    seen.add(id(e))
+  for e in chained(error):
     if isinstance(e, OSError) and e.errno in FULL_DISK:
       return e
     if not isinstance(e, UserError) and (code := full_disk_code(str(e))):
       return OSError(code, os.strerror(code))
-    todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
   return None
 
 

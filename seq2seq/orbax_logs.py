@@ -11,11 +11,11 @@ unraisable-exception hook (`ignore_abandoned_orbax_work`) and reads through `qui
 import contextlib
 import logging
 import os
-import sys
 import warnings
 
 import orbax.checkpoint as ocp
 
+from seq2seq.errors import handle_unraisable
 from seq2seq.full_disk import full_disk, full_disk_code
 
 _ORBAX = os.path.dirname(ocp.__file__) + os.sep  # Where orbax's code (and its coroutines) live.
@@ -55,16 +55,7 @@ def _abandoned_orbax_work(unraisable) -> bool:
 def ignore_abandoned_orbax_work() -> None:
   """From now on, orbax's work that a failed save or read left running reports to no one: the
   failure is reported once, in one line, and these print pages (until the process exits)."""
-  if getattr(sys.unraisablehook, "ignores_abandoned_orbax_work", False):
-    return
-  previous = sys.unraisablehook
-
-  def hook(unraisable):
-    if not _abandoned_orbax_work(unraisable):
-      previous(unraisable)
-
-  hook.ignores_abandoned_orbax_work = True
-  sys.unraisablehook = hook
+  handle_unraisable(_abandoned_orbax_work, "ignores_abandoned_orbax_work")
   # The writes such a save had not started yet are coroutines that Python reports at exit,
   # through `warnings` rather than the hook.
   warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)

@@ -12,8 +12,9 @@ import _thread
 import contextlib
 import os
 import signal
-import sys
 import threading
+
+from seq2seq.errors import handle_unraisable
 
 
 class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
@@ -77,15 +78,7 @@ def catch_interrupts() -> None:
   `Interrupted` that a callback swallowed is delivered again (`_redeliver_swallowed`)."""
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, _interrupt)
-  if not getattr(sys.unraisablehook, "redelivers_interrupts", False):
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-      if not _redeliver_swallowed(unraisable):
-        previous(unraisable)
-
-    hook.redelivers_interrupts = True
-    sys.unraisablehook = hook
+  handle_unraisable(_redeliver_swallowed, "redelivers_interrupts")
 
 
 def _redeliver_swallowed(unraisable) -> bool:

@@ -63,11 +63,6 @@ def expand(config: ml_collections.ConfigDict,
   return runs
 
 
-def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
-  latest = _latest_step(workdir, config)
-  return latest is not None and latest >= config.train.num_steps
-
-
 def _stopped(result: dict) -> str | None:
   """How a run was stopped early (e.g. "stopped by SIGTERM at step 7"), if it was."""
   if result.get("interrupted"):
@@ -88,10 +83,11 @@ def _train(config_json: str, workdirs_by_seed: dict[int, str]) -> dict[int, str 
   return {seed: r if isinstance(r, Exception) else _stopped(r) for seed, r in results.items()}
 
 
-def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], root: Path,
+def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], latest: dict[str, int | None],
                  one_by_one: bool) -> list[list[tuple[str, ml_collections.ConfigDict]]]:
   """The runs to train, in groups trained as one program: the seeds of one point (runs
-  whose configs differ in train.seed alone) that start from one step; each other run alone."""
+  whose configs differ in train.seed alone) that start from one step (`latest`, by run
+  name); each other run alone."""
   points = {}
   for name, run in todo:
     point = config_lib.from_json(config_lib.to_json(run))
@@ -99,8 +95,7 @@ def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], root: Path,
     points.setdefault(config_lib.to_json(point), []).append((name, run))
   groups = []
   for runs in points.values():
-    if one_by_one or len(runs) == 1 or len({_latest_step(root / name, run)
-                                            for name, run in runs}) > 1:
+    if one_by_one or len(runs) == 1 or len({latest[name] for name, _ in runs}) > 1:
       groups += [[one] for one in runs]
     else:
       groups.append(runs)
@@ -132,13 +127,14 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
     config_lib.validate(run)  # Every combination is checked before any trains.
     models.check_config(run)
   status = _Status()
+  latest = {name: _latest_step(root / name, run) for name, run in runs}  # Read once.
   todo = []
   for name, run in runs:
-    if is_complete(root / name, run):
+    if latest[name] is not None and latest[name] >= run.train.num_steps:
       status.record(name, "skipped", quiet=True)
     else:
       todo.append((name, run))
-  groups = _seed_groups(todo, root, one_by_one)
+  groups = _seed_groups(todo, latest, one_by_one)
   together = [group for group in groups if len(group) > 1]
   log.info("Sweep of %d runs in %s: %d finished, %d to train%s.", len(runs), root,
            len(runs) - len(todo), len(todo),

@@ -45,9 +45,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     was already complete.
   """
   _prepare(config)
-  workdirs.check_is_run_or_new(workdir)
   with signals.defer_interrupts(jax.process_count() > 1):  # Processes start and stop together.
-    return _train_in(config, Path(workdir))
+    return _train_in(config, workdir)
 
 
 def train_seeds(config: ml_collections.ConfigDict,
@@ -76,9 +75,10 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
 class _Claim:
   """A workdir taken for training: checked, created if new, with its checkpoints open."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | Path):
+    workdirs.check_is_run_or_new(workdir)  # The text as given: an empty one is not ".".
+    workdir = Path(workdir)
     self.config, self.workdir, self.checkpoints = config, workdir, None
-    workdirs.check_is_run_or_new(workdir)
     workdirs.check_writable(workdir)
     self.created = jax.process_index() == 0 and workdirs.create_workdir(workdir)
     check_run_config(workdir, config)
@@ -144,14 +144,14 @@ class _Claim:
       self.checkpoints.close()
 
 
-def _train_in(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+def _train_in(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """`train_and_evaluate` once the run's processes have joined. A full disk at any write
   ends in one `UserError` line naming the last good checkpoint, which the same command
   resumes from."""
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # Process 0 reports for the run.
   claim = None
-  with full_disk_is_user_error(workdir, lambda: claim and claim.latest_step()):
+  with full_disk_is_user_error(Path(workdir), lambda: claim and claim.latest_step()):
     try:
       claim = _Claim(config, workdir)
       if (done := claim.finished()) is not None:
@@ -171,6 +171,7 @@ def _train_group(config: ml_collections.ConfigDict,
     log.setLevel(logging.WARNING)
   claims, results = {}, {}
   first = next(iter(runs.values()))
+
   def last_step() -> int | None:  # The group's: that of every member.
     steps = [claim.latest_step() for claim in claims.values()]
     return None if not steps or None in steps else min(steps)

@@ -113,22 +113,22 @@ class Trainer:
     self.stacked_sharding = NamedSharding(self.mesh, P(*members, None,
                                                        *self.data_sharding.spec))
     self._make_batches(train_text)
-    state_sharding = self._make_state()
-    self._make_programs(state_sharding)
+    self._make_programs(*self._make_state())
 
   def _make_batches(self, train_text: corpus.ParallelText) -> None:
     """The training batches (this process's rows of each) and the validation batches."""
     config, d = self.config, self.config.data
     src, tgt = batching.encode_pairs(self.tokenizer, train_text)
-    # A seed group's members: batches of one shape at every step (`TrainBatches._plan`).
-    self.member_batches = [batching.TrainBatches(
+    first, *others = self.seeds or [config.train.seed]
+    self.train_batches = batching.TrainBatches(
         src, tgt, tokens_per_batch=d.tokens_per_batch, max_len=d.max_len,
-        bucket_step=d.bucket_step, seed=seed,
+        bucket_step=d.bucket_step, seed=first,
         row_multiple=config.train.grad_accum_steps,
         pad_rows_to=jax.device_count() * config.train.grad_accum_steps,
         process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
-        num_buckets=d.num_buckets) for seed in self.seeds or [config.train.seed]]
-    self.train_batches = self.member_batches[0]
+        num_buckets=d.num_buckets)
+    # A seed group's members: batches of one shape at every step (`TrainBatches._plan`).
+    self.member_batches = [self.train_batches, *map(self.train_batches.reseeded, others)]
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
@@ -138,7 +138,8 @@ class Trainer:
 
   def _make_state(self):
     """The initial train state's program, shapes and shardings (parameters split by
-    `distributed.fsdp_sharding`); returns the state's shardings."""
+    `distributed.fsdp_sharding`); returns the shardings of the train state (a seed group's:
+    stacked) and of one run's."""
     config, vocab_size = self.config, self.tokenizer.vocab_size
     self.optimizer = make_optimizer(config.train)
 
@@ -161,7 +162,7 @@ class Trainer:
                                  out_shardings=self.replicated)()
       self.init_state = jax.jit(init, out_shardings=member_sharding)
       self.abstract_state = self.member_abstract
-      return member_sharding
+      return member_sharding, member_sharding
     # A seed group: every array gains the members' axis, first and never split.
     seeds = jnp.asarray(self.seeds, jnp.int32)
     state_sharding = jax.tree.map(
@@ -175,13 +176,12 @@ class Trainer:
                            out_shardings=member_sharding)
     self._stack = jax.jit(lambda *states: jax.tree.map(lambda *xs: jnp.stack(xs), *states),
                           out_shardings=state_sharding)
-    return state_sharding
+    return state_sharding, member_sharding
 
-  def _make_programs(self, state_sharding) -> None:
+  def _make_programs(self, state_sharding, member_sharding) -> None:
     """The jitted train step, validation loss and validation search, and the evaluation
     commands' search (`translator.search_programs`), compiled by `compile`."""
-    config, params_sharding = self.config, self.member_abstract.params  # Validation's: one run's.
-    params_sharding = jax.tree.map(lambda x: x.sharding, params_sharding)
+    config, params_sharding = self.config, member_sharding.params  # Validation's: one run's.
     train_options = compiling.compiler_options(config.compile.train_options)
     eval_options = compiling.compiler_options(config.compile.eval_options)
     threads = config.compile.threads

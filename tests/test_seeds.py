@@ -160,13 +160,23 @@ def test_seeds_of_a_point_share_the_shape_of_every_batch():
   assert [batches[0](i)["src"].shape for i in steps_] == [batches[1](i)["src"].shape
                                                           for i in steps_]
   assert any(not np.array_equal(batches[0](i)["src"], batches[1](i)["src"]) for i in steps_)
+  reseeded = batches[0].reseeded(1)  # What a group's members share: all but the seed's order.
+  for i in steps_:
+    for key, value in batches[1](i).items():
+      np.testing.assert_array_equal(reseeded(i)[key], value)
 
 
-def test_the_sweep_groups_the_seeds_of_each_point_that_start_together(tmp_path):
+def test_the_sweep_groups_the_seeds_of_each_point_that_start_together():
   c = shared_run_config()
   runs = sweep.expand(c, ["model.attention=dot,general", "train.seed=0,1"])
+  new = {name: None for name, _ in runs}
   names = lambda groups: [[name for name, _ in g] for g in groups]  # noqa: E731
-  assert names(sweep._seed_groups(runs, tmp_path, one_by_one=False)) == [
+  assert names(sweep._seed_groups(runs, new, one_by_one=False)) == [
       ["attention-dot_seed-0", "attention-dot_seed-1"],
       ["attention-general_seed-0", "attention-general_seed-1"]]
-  assert names(sweep._seed_groups(runs, tmp_path, one_by_one=True)) == [[n] for n, _ in runs]
+  assert names(sweep._seed_groups(runs, new, one_by_one=True)) == [[n] for n, _ in runs]
+  # A seed resumed alone (at another step than its point's other seed) trains alone.
+  assert names(sweep._seed_groups(runs, dict(new, **{"attention-dot_seed-1": 2}),
+                                  one_by_one=False)) == [
+      ["attention-dot_seed-0"], ["attention-dot_seed-1"],
+      ["attention-general_seed-0", "attention-general_seed-1"]]

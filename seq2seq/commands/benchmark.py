@@ -69,7 +69,8 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
                              "copies and the rest, and the slowest XLA instructions.")
 
 
-MODES = ("train", "decode", "padding", "compile", "calls", "seeds", "saves")
+STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves")  # Of --config's run.
+MODES = ("train", "decode", *STARTUP_MODES)
 
 
 def _whole_numbers(values: list[str], low: int) -> bool:
@@ -103,7 +104,7 @@ def _measure() -> None:
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
       print(json.dumps(result), flush=True)
-  if {"padding", "compile", "calls", "seeds", "saves"} & set(_MODE.value):
+  if set(STARTUP_MODES) & set(_MODE.value):
     _startup(_MODE.value)
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
@@ -114,25 +115,19 @@ def _measure() -> None:
 
 
 def _startup(modes: list[str]) -> None:
-  """--mode=padding and --mode=compile, of --config's run."""
+  """The modes that measure --config's run, in this order."""
   if _CONFIG.value is None:
     raise UserError("--mode=padding, compile, calls, seeds and saves measure a run's config; pass"
                     " --config=configs/<name>.py.")
-  if "padding" in modes:
-    for result in startup_benchmark.padding_benchmark(_CONFIG.value):
-      print(json.dumps(result), flush=True)
-  if "compile" in modes:
-    for result in startup_benchmark.compile_benchmark(_CONFIG.value,
-                                                      [int(n) for n in _THREADS.value]):
-      print(json.dumps(result), flush=True)
-  if "calls" in modes:
-    for result in startup_benchmark.calls_benchmark(_CONFIG.value,
-                                                    [int(k) for k in _CALLS.value]):
-      print(json.dumps(result), flush=True)
-  if "saves" in modes:
-    for result in startup_benchmark.saves_benchmark(_CONFIG.value):
-      print(json.dumps(result), flush=True)
-  if "seeds" in modes:
-    for result in startup_benchmark.seeds_benchmark(_CONFIG.value,
-                                                    [int(s) for s in _SEEDS.value]):
-      print(json.dumps(result), flush=True)
+  ints = lambda values: [int(v) for v in values]  # noqa: E731
+  measures = {
+      "padding": lambda config: startup_benchmark.padding_benchmark(config),
+      "compile": lambda config: startup_benchmark.compile_benchmark(config, ints(_THREADS.value)),
+      "calls": lambda config: startup_benchmark.calls_benchmark(config, ints(_CALLS.value)),
+      "saves": lambda config: startup_benchmark.saves_benchmark(config),
+      "seeds": lambda config: startup_benchmark.seeds_benchmark(config, ints(_SEEDS.value)),
+  }
+  for mode, measure in measures.items():
+    if mode in modes:
+      for result in measure(_CONFIG.value):
+        print(json.dumps(result), flush=True)

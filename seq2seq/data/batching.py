@@ -17,6 +17,7 @@ Training batches are a pure function of (seed, step, process index): resuming
 at any step needs no iterator state and reproduces the uninterrupted run.
 """
 
+import copy
 import math
 
 import numpy as np
@@ -222,6 +223,13 @@ class TrainBatches:
     self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
     self.shapes = sorted((self._padded[b] // process_count, b) for b in self._buckets)
     self._plans = {}
+
+  def reseeded(self, seed: int) -> "TrainBatches":
+    """These batches in the order of another seed: the filtering, buckets and packs, which
+    no seed decides, are shared (a seed group's members build them once)."""
+    other = copy.copy(self)
+    other._seed, other._plans = seed, {}
+    return other
 
   def _plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
     """The epoch's global batches in order: (L, example indices), pure in (seed, epoch).
