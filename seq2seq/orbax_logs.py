@@ -15,7 +15,7 @@ import warnings
 
 import orbax.checkpoint as ocp
 
-from seq2seq.errors import handle_unraisable
+from seq2seq.errors import chained, handle_unraisable
 from seq2seq.full_disk import full_disk, full_disk_code
 
 _ORBAX = os.path.dirname(ocp.__file__) + os.sep  # Where orbax's code (and its coroutines) live.
@@ -32,12 +32,25 @@ def _library_log_shown(record: logging.LogRecord) -> bool:
   # tasks and tensorstore futures ("... exception was never retrieved"), which the one-line
   # message has reported.
   if record.name == "asyncio" and (_ORBAX in record.getMessage()
-                                   or "OCDBT database" in record.getMessage()):
+                                   or "OCDBT database" in record.getMessage()
+                                   or _raised_in_orbax(record.exc_info)):
     return False
   # A full disk: each of orbax's threads logs its traceback; `Checkpoints.save` says it once.
   if record.levelno >= logging.ERROR and full_disk_code(record.getMessage()):
     return False
   return full_disk(record.exc_info[1] if record.exc_info else None) is None
+
+
+def _raised_in_orbax(exc_info) -> bool:
+  """Whether a logged exception (or one it was raised from) passed through orbax's code: a
+  read of a damaged checkpoint fails in tensorstore, under orbax's gathering future."""
+  for exc in chained(exc_info[1] if exc_info else None):
+    tb = exc.__traceback__
+    while tb is not None:
+      if tb.tb_frame.f_code.co_filename.startswith(_ORBAX):
+        return True
+      tb = tb.tb_next
+  return False
 
 
 for _name in ("absl", "asyncio"):

@@ -353,3 +353,21 @@ def test_a_workdir_removed_before_its_lock_is_taken_is_one_line(tmp_path):
     WorkdirLock(tmp_path / "gone").acquire()
   assert str(raised.value) == (f"{tmp_path / 'gone'} was removed while this training started;"
                                " run the command again.")
+
+
+@pytest.mark.parametrize("in_orbax", [True, False])
+def test_asyncio_logs_of_a_failed_orbax_read_are_filtered_by_where_they_were_raised(in_orbax):
+  # A damaged checkpoint's read fails in tensorstore under orbax's gathering future; asyncio
+  # logs "exception was never retrieved" with a message that names neither orbax nor OCDBT.
+  from seq2seq import orbax_logs
+  where = orbax_logs._ORBAX + "read.py" if in_orbax else __file__
+  try:
+    try:
+      exec(compile("raise ValueError('OUT_OF_RANGE')", where, "exec"))
+    except ValueError as e:
+      raise Exception("Encountered error while reading array index") from e
+  except Exception:
+    record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1,
+                               "_GatheringFuture exception was never retrieved", (),
+                               sys.exc_info())
+  assert orbax_logs._library_log_shown(record) is not in_orbax
