@@ -6,7 +6,7 @@ The same flags, messages and exit statuses as `seq2seq-compare`; its usage and f
 seq2seq/commands/compare.py, or --help.
 """
 
-from seq2seq import main
+from seq2seq.commands import main
 
 if __name__ == "__main__":
   main.compare()

@@ -7,7 +7,7 @@ The same flags, messages and exit statuses as `seq2seq-plot-attention`; its usag
 seq2seq/commands/plot_attention.py, or --help.
 """
 
-from seq2seq import main
+from seq2seq.commands import main
 
 if __name__ == "__main__":
   main.plot_attention()

@@ -6,7 +6,7 @@ The same flags, messages and exit statuses as `seq2seq-side-by-side`; its usage 
 seq2seq/commands/side_by_side.py, or --help.
 """
 
-from seq2seq import main
+from seq2seq.commands import main
 
 if __name__ == "__main__":
   main.side_by_side()

@@ -7,7 +7,7 @@ The same flags, messages and exit statuses as `seq2seq-sweep`; its usage and fla
 seq2seq/commands/sweep.py, or --help.
 """
 
-from seq2seq import main
+from seq2seq.commands import main
 
 if __name__ == "__main__":
   main.sweep()

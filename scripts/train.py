@@ -7,7 +7,7 @@ The same flags, messages and exit statuses as `seq2seq-train`; its usage and fla
 seq2seq/commands/train.py, or --help.
 """
 
-from seq2seq import main
+from seq2seq.commands import main
 
 if __name__ == "__main__":
   main.train()

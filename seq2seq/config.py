@@ -9,18 +9,18 @@ checks against what the families declare.
 """
 
 import difflib
-import inspect
 import json
-import traceback
-from pathlib import Path
 
 import ml_collections
 
-from seq2seq import train_state
 from seq2seq.errors import UserError
 
 RNN_CELLS = ("lstm", "gru")
 RNN_QUERY_STATES = ("auto", "previous", "current")
+# config.train.schedule: after the linear warmup, inverse-square-root decay (Vaswani et al.),
+# or a decay to zero at `num_steps`, linear or cosine (which anneals a fixed budget and needs
+# no averaging). `seq2seq.runs.train_state.learning_rate_schedule` builds them.
+SCHEDULES = ("inverse_sqrt", "linear", "cosine")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -145,7 +145,7 @@ def _distributed_defaults() -> ml_collections.ConfigDict:
 
 
 def _compile_defaults() -> ml_collections.ConfigDict:
-  """How the programs are compiled (seq2seq.compiling): XLA's options for each kind of
+  """How the programs are compiled (seq2seq.runtime.compiling): XLA's options for each kind of
   program, as "name=value,..." (such as "xla_gpu_autotune_level=0"; "": XLA's defaults; an
   option that XLA_FLAGS sets is the user's and stays so), and how many compile at once."""
   k = ml_collections.ConfigDict()
@@ -264,54 +264,6 @@ def check_structure(config, where: str = "the config") -> None:
     raise UserError(f"{where} lacks config.{missing[0]}{more}; {fix}")
 
 
-def _check_config_arg(spec: str, get_config, arg: str) -> None:
-  """Raises `UserError` if `--config=FILE[:ARG]` passes an argument that get_config() does
-  not take, or none where it needs one."""
-  try:
-    inspect.signature(get_config).bind(*([arg] if arg else []))
-  except TypeError:
-    path = spec.partition(":")[0]
-    if arg:
-      raise UserError(f"--config={spec} passes {arg!r} to get_config(), which takes no"
-                      f" argument in {path}; drop ':{arg}' and set fields with"
-                      " --config.<field>=VALUE instead.") from None
-    raise UserError(f"get_config() in {path} needs an argument; pass it as"
-                    f" --config={path}:ARG.") from None
-  except ValueError:
-    return  # No signature to read (a builtin): let the call say.
-
-
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """Runs `--config=FILE[:ARG]`'s `get_config(ARG)` once, as config_flags would, but a
-  mistake in the file is a `UserError` naming the file and line, not a traceback."""
-  path, _, arg = spec.partition(":")  # config_flags takes FILE[:ARG].
-  if not Path(path).is_file():
-    raise UserError(f"--config={path} is not a file; pass an experiment config such as"
-                    " --config=configs/tiny.py.")
-  try:
-    code = compile(Path(path).read_bytes(), path, "exec")
-  except SyntaxError as e:
-    raise UserError(f"{path}:{e.lineno}: {e.msg}; fix the config file's syntax.") from e
-  namespace = {"__name__": Path(path).stem, "__file__": path}
-  try:
-    exec(code, namespace)  # noqa: S102 (the user's own experiment file, as config_flags runs it)
-    get_config = namespace.get("get_config")
-    if not callable(get_config):
-      raise UserError(f"{path} defines no get_config(); an experiment config returns its"
-                      " ConfigDict from get_config() (see configs/tiny.py).")
-    _check_config_arg(spec, get_config, arg)
-    config = get_config(arg) if arg else get_config()
-  except UserError:
-    raise
-  except Exception as e:
-    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
-    at = f"{path}:{lines[-1]}" if lines else path
-    raise UserError(f"{at}: {type(e).__name__}: {e} (raised while loading the config);"
-                    " fix the config file.") from e
-  check_structure(config, f"{path}'s get_config()")
-  return config
-
-
 def _check_ranges(config: ml_collections.ConfigDict) -> None:
   """Every field that must be positive, or not negative, is."""
   m, d, t, e = config.model, config.data, config.train, config.eval
@@ -378,9 +330,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     parse_compiler_options(config.compile[name], f"config.compile.{name}")
   if t.dtype not in ("float32", "bfloat16"):
     raise UserError(f"config.train.dtype={t.dtype!r} is not supported; use float32 or bfloat16.")
-  if t.schedule not in train_state.SCHEDULES:
+  if t.schedule not in SCHEDULES:
     raise UserError(f"config.train.schedule={t.schedule!r} is not a schedule; use one"
-                    f" of: {', '.join(train_state.SCHEDULES)}.")
+                    f" of: {', '.join(SCHEDULES)}.")
   if m.rnn_cell not in RNN_CELLS:
     raise UserError(f"config.model.rnn_cell={m.rnn_cell!r} is not a cell; use one of:"
                     f" {', '.join(RNN_CELLS)}.")
@@ -408,34 +360,6 @@ def to_json(config: ml_collections.ConfigDict) -> str:
 # A saved config that lacks a field was trained as with this value of it, where that is not
 # the field's default; a lacking field not listed here computes what its default computes.
 BEFORE_FIELD = {("data", "num_buckets"): 0}
-
-
-def saved_value(saved: dict, section: str, key: str, default):
-  """Field `section.key` of a saved run config (a dict from its JSON). Where the saved config
-  lacks the field: `BEFORE_FIELD`'s value for it, else `default`."""
-  return saved.get(section, {}).get(key, BEFORE_FIELD.get((section, key), default))
-
-
-def read_json(path: Path, fix: str) -> dict:
-  """A JSON object that a command wrote to `path`; one that does not parse (cut short, or
-  edited) is a `UserError` naming the file and `fix`."""
-  try:
-    value = json.loads(Path(path).read_text(encoding="utf-8"))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    reason = getattr(e, "msg", None) or e.reason
-    raise UserError(f"{path} is not valid JSON ({reason}); {fix}.") from None
-  if not isinstance(value, dict):
-    raise UserError(f"{path} is not the JSON object this project writes; {fix}.")
-  return value
-
-
-def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
-  """A run's saved config (`<workdir>/config.json`, `from_json`)."""
-  return from_saved(read_json(Path(workdir) / "config.json", RUN_CONFIG_FIX))
-
-
-RUN_CONFIG_FIX = ("seq2seq writes it whole, so it was cut or edited since; put it back from a copy"
-                  " of the run")
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:

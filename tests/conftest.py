@@ -58,7 +58,7 @@ def run(tmp_path_factory):
   Tests may add evaluation outputs (eval/) but change nothing else; tests/test_errors.py
   checks that failing commands leave it as it was.
   """
-  from seq2seq import train
+  from seq2seq.training import loop
   workdir = tmp_path_factory.mktemp("shared") / "run"
-  train.train_and_evaluate(shared_run_config(), workdir)
+  loop.train_and_evaluate(shared_run_config(), workdir)
   return workdir

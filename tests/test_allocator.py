@@ -13,7 +13,7 @@ from tests.helpers import ROOT
 # buffers) and prints the page faults of the last nine, after `keep_freed_memory()` or not.
 CODE = """
 import ctypes, resource, sys
-from seq2seq import allocator
+from seq2seq.runtime import allocator
 applied = allocator.keep_freed_memory() if sys.argv[1] == "tuned" else False
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]

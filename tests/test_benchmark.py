@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import benchmark, profile, startup_benchmark
 from seq2seq.data import batching
 from seq2seq.models import build_model
+from seq2seq.performance import benchmark, profile, startup
 
 
 def test_counted_flops_match_xla_cost_analysis():
@@ -111,14 +111,14 @@ def test_dots_alone_finds_every_product_with_its_flops():
 
 def test_padding_is_counted_per_batch_over_every_row():
   lengths = np.array([30, 3, 9, 17, 5, 9])  # Sorted into batches of 2: 3 5 | 9 9 | 17 30.
-  padded, lengths_used = startup_benchmark._padded(lengths, 2, lambda longest: [
+  padded, lengths_used = startup._padded(lengths, 2, lambda longest: [
       batching.grid_length(int(n), 64) for n in longest])
   assert (padded, lengths_used) == ((8 + 16 + 32) * 2, [8, 16, 32])
 
 
 def test_the_padding_benchmark_scores_the_grid_against_two_lengths(tiny_config):
   tiny_config.data.max_train_examples = 300
-  results = startup_benchmark.padding_benchmark(tiny_config)
+  results = startup.padding_benchmark(tiny_config)
   assert [(r["split"], r["of"]) for r in results] == [
       ("val", "sources"), ("val", "pairs"), ("test", "sources"), ("test", "pairs")]
   for r in results:
@@ -130,7 +130,7 @@ def test_the_padding_benchmark_scores_the_grid_against_two_lengths(tiny_config):
 
 
 def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_config):
-  results = startup_benchmark.compile_benchmark(tiny_config, [1])
+  results = startup.compile_benchmark(tiny_config, [1])
   assert len(results) == 1 and results[0]["threads"] == 1
   assert results[0]["programs"] == "1 train step, 1 validation loss, 1 validation search"
   assert 0 < results[0]["train_step_seconds"] <= results[0]["all_seconds"]
@@ -140,7 +140,7 @@ def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_conf
 
 
 def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
-  results = startup_benchmark.calls_benchmark(tiny_config, [1, 2], steps=4)
+  results = startup.calls_benchmark(tiny_config, [1, 2], steps=4)
   assert [(r["steps_per_call"], r["steps"]) for r in results] == [(1, 4), (2, 4)]
   # The fast tiny run's batches have one shape: every call of k=2 holds two steps.
   assert [r["calls"] for r in results] == [4, 2]
@@ -149,7 +149,7 @@ def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
 
 @pytest.mark.slow  # Compiles and trains a run and a group: about 8 s.
 def test_the_seeds_benchmark_trains_groups_of_each_size(tiny_config):
-  results = startup_benchmark.seeds_benchmark(tiny_config, [1, 2], steps=2)
+  results = startup.seeds_benchmark(tiny_config, [1, 2], steps=2)
   assert [(r["seeds"], r["steps"]) for r in results] == [(1, 2), (2, 2)]
   assert results[0]["time_vs_first"] == 1.0
   for r in results:  # A step of S seeds is S runs' steps.
@@ -158,7 +158,7 @@ def test_the_seeds_benchmark_trains_groups_of_each_size(tiny_config):
 
 
 def test_the_saves_benchmark_times_both_ways_of_saving(tiny_config):
-  results = startup_benchmark.saves_benchmark(tiny_config, saves=2)
+  results = startup.saves_benchmark(tiny_config, saves=2)
   assert [(r["in_background"], r["saves"]) for r in results] == [(False, 1), (True, 1)]
   for r in results:
     assert 0 < r["stall_seconds"] <= r["write_seconds"] and r["megabytes"] > 0

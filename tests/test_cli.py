@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.runs.checkpoints import Checkpoints
 from tests.helpers import ENV, ROOT, console_scripts, snapshot, train_command, train_script
 
 
@@ -134,7 +134,7 @@ def test_stopped_and_killed_run_resumes_to_the_bitwise_same_state(tmp_path):
 
 # What start-up does when the signal comes, made to take ten minutes (its module, attribute).
 SLOW_START = {"tokenizer training": ("seq2seq.data.tokenizer", "spm.SentencePieceTrainer.train"),
-              "compilation": ("seq2seq.compiling", "_compile")}
+              "compilation": ("seq2seq.runtime.compiling", "_compile")}
 
 
 # SIGINT and SIGTERM share one handler (signals.catch_interrupts): by default each start-up
@@ -153,7 +153,7 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig,
   owner, _, name = attribute.rpartition(".")
   code = (
       "import importlib, operator, os, signal, time\n"
-      "from seq2seq import cli, train\n"
+      "from seq2seq.commands import cli\nfrom seq2seq.training import loop\n"
       "from tests.helpers import fast_tiny_config\n"
       "def slow(*args, **kwargs):\n"
       f"  os.kill(os.getpid(), signal.{sig.name})\n"
@@ -162,8 +162,8 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig,
       f"setattr(operator.attrgetter({owner!r})(module) if {owner!r} else module, {name!r},"
       " slow)\n"
       "cli.parse_flags(['train.py'])\n"
-      f"cli.run_main(lambda: train.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}),"
-      " interrupted=train.INTERRUPTED)\n")
+      f"cli.run_main(lambda: loop.train_and_evaluate(fast_tiny_config(), {str(workdir)!r}),"
+      " interrupted=loop.INTERRUPTED)\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, env=ENV, timeout=120)
   assert result.returncode == 130, result.stderr
@@ -173,15 +173,15 @@ def test_a_signal_during_start_up_ends_at_once_and_leaves_nothing(tmp_path, sig,
   assert not workdir.exists()
 
 
-# --- The entry points: seq2seq.main and the console scripts ---------------------------------
+# --- The entry points: seq2seq.commands.main and the console scripts -------------------------
 
 SLOW_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "numpy", "sentencepiece")
 
 
 def test_the_entry_points_module_imports_nothing_slow():
-  """The console scripts import `seq2seq.main` first: if it imported JAX, its set-up would
-  come too late (a Ctrl-C during the import, malloc settings after XLA's threads start)."""
-  code = ("import sys\nimport seq2seq.main\n"
+  """The console scripts import `seq2seq.commands.main` first: if it imported JAX, its set-up
+  would come too late (a Ctrl-C during the import, malloc settings after XLA's threads start)."""
+  code = ("import sys\nimport seq2seq.commands.main\n"
           f"print([m for m in {SLOW_MODULES!r} if m in sys.modules])")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, env=ENV, timeout=120, check=True)
@@ -192,7 +192,9 @@ def test_the_entry_points_module_imports_nothing_slow():
 # JAX was first imported: the SIGINT handler's name and the calls of keep_freed_memory.
 SET_UP_AT_JAX = """
 import json, signal, sys
-from seq2seq import allocator, main
+from seq2seq.runtime import allocator
+from seq2seq.commands import main
+from seq2seq.runtime import process
 calls, seen = [], []
 allocator.keep_freed_memory = lambda: calls.append("keep_freed_memory") or True
 class Watch:
@@ -210,7 +212,7 @@ print(json.dumps(seen))
 
 
 @pytest.mark.parametrize("call, argv", [("main.train()", ["seq2seq-train", "--help"]),
-                                        ("main.start_worker()", ["worker"])])
+                                        ("process.start_worker()", ["worker"])])
 def test_signals_and_malloc_are_set_up_before_jax_is_imported(call, argv):
   code = SET_UP_AT_JAX.replace("CALL", call).replace("ARGV", repr(argv))
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -254,7 +256,7 @@ def test_every_other_console_script_answers_help():
 
 SWALLOWED = r"""
 import gc, os, signal, time
-from seq2seq import cli
+from seq2seq.commands import cli
 fired = []
 
 def callback(phase, info):  # As JAX's garbage-collection hook: its exceptions are ignored.
@@ -290,12 +292,13 @@ def test_verbose_shows_the_traceback_and_keeps_the_status_of_a_user_error(tmp_pa
   assert "Traceback" in result.stderr
   assert result.stderr.splitlines()[-1] == (f"error: {tmp_path} is not a training run (no"
                                             " config.json); pass the --workdir that"
-                                            " scripts/train.py wrote.")
+                                            " seq2seq-train wrote.")
 
 
 FAULT = r"""
 import errno, os, pathlib
-from seq2seq import cli, textio
+from seq2seq.commands import cli
+from seq2seq.data import textio
 
 def fail(*args, **kwargs):  # As a read-only mount or a full disk answers a write.
   raise OSError(errno.ERRNO, os.strerror(errno.ERRNO), "OUT.tmp")

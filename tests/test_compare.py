@@ -12,8 +12,9 @@ import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
-from seq2seq import compare, compare_stats, evaluate, metrics, sweep
-from seq2seq.translator import Translator
+from seq2seq.compare import comparison, stats, sweep
+from seq2seq.decoding.translator import Translator
+from seq2seq.evaluation import evaluate, scores
 from tests.helpers import PNG, VAL, fast_tiny_config, metrics_copy, small_run
 
 
@@ -21,14 +22,14 @@ def test_the_columns_are_the_fields_that_differ():
   a = {"model": {"num_heads": 2, "attention": "dot"}, "train": {"seed": 0, "steps": 4}}
   b = {"model": {"num_heads": 4, "attention": "dot"}, "train": {"seed": 0, "steps": 4}}
   c = {"model": {"num_heads": 4, "attention": "dot"}, "train": {"seed": 1, "steps": 4}}
-  assert compare.differing_fields([a, b, c]) == ["model.num_heads", "train.seed"]
-  assert compare.differing_fields([a, a]) == []
+  assert comparison.differing_fields([a, b, c]) == ["model.num_heads", "train.seed"]
+  assert comparison.differing_fields([a, a]) == []
 
 
 def test_seeds_group_runs_that_differ_only_in_the_seed():
   rows = [{"run": n, "model.num_heads": h, "train.seed": s}
           for n, h, s in [("a", 2, 0), ("b", 2, 1), ("c", 4, 0), ("d", 4, 1)]]
-  groups = compare_stats.seed_groups(rows, ["model.num_heads", "train.seed"])
+  groups = stats.seed_groups(rows, ["model.num_heads", "train.seed"])
   assert {k: [r["run"] for r in g] for k, g in groups.items()} == {(2,): ["a", "b"],
                                                                     (4,): ["c", "d"]}
 
@@ -37,7 +38,7 @@ def test_seed_statistics_and_welch_test_by_hand():
   rows = [{"run": f"r{i}", "model.num_heads": h, "train.seed": s, "val_bleu": bleu}
           for i, (h, s, bleu) in enumerate([(2, 0, 28.0), (2, 1, 28.5), (2, 2, 29.5),
                                              (4, 0, 30.0), (4, 1, 31.0), (4, 2, 32.0)])]
-  seeds = compare_stats.seed_aggregate(rows, ["model.num_heads", "train.seed"], ["val"], "r0")
+  seeds = stats.seed_aggregate(rows, ["model.num_heads", "train.seed"], ["val"], "r0")
   base, other = seeds
   assert base["model.num_heads"] == 2 and base["seeds"] == 3 and base["val_welch_p"] is None
   assert base["val_bleu_mean"] == pytest.approx(86.0 / 3)
@@ -51,14 +52,14 @@ def test_seed_statistics_and_welch_test_by_hand():
   df = se2**2 / ((v1 / 3) ** 2 / 2 + (v2 / 3) ** 2 / 2)
   assert other["val_welch_p"] == pytest.approx(2 * scipy.stats.t.sf(t, df), rel=1e-9)
   assert 0.01 < other["val_welch_p"] < 0.1
-  assert compare_stats.welch_p_value([30.0], [28.0, 29.0]) is None  # One seed: no test.
+  assert stats.welch_p_value([30.0], [28.0, 29.0]) is None  # One seed: no test.
 
 
 def test_length_buckets_score_each_bucket_alone():
   sources = ["a " * 3, "b " * 12, "c " * 15, "d " * 40]
   refs = ["der Hund läuft", "die Katze schläft hier", "ein Mann fährt Rad", "zwei Frauen"]
   hyps = ["der Hund läuft", "die Katze schläft", "ein Mann fährt Rad", "drei Männer"]
-  buckets = compare_stats.length_buckets(sources, hyps, refs)
+  buckets = stats.length_buckets(sources, hyps, refs)
   assert [(b["bucket"], b["sentences"]) for b in buckets] == [("0-9", 1), ("10-19", 2),
                                                                ("20-29", 0), ("30+", 1)]
   assert buckets[1]["bleu"] == pytest.approx(
@@ -80,8 +81,8 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
                  encoding="utf-8")
   runs = sorted(root.iterdir())
   out = tmp_path / "report"
-  rows = compare.compare_runs(runs, out, baseline=root / "num_heads-2_seed-0", split="val",
-                              test_sets=[compare.parse_test_set(f"extra={src},{ref}")],
+  rows = comparison.compare_runs(runs, out, baseline=root / "num_heads-2_seed-0", split="val",
+                              test_sets=[comparison.parse_test_set(f"extra={src},{ref}")],
                               beam_size=1, n_samples=50)
   with open(out / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
@@ -97,7 +98,7 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   assert float(seeds[1]["extra_bleu_mean"]) == pytest.approx(statistics.mean(four))
   assert "Welch's t-test" in (out / "comparison.md").read_text()
   with open(out / "length.csv", encoding="utf-8") as f:
-    assert len(list(csv.DictReader(f))) == 4 * len(compare_stats.LENGTH_EDGES + (None,))
+    assert len(list(csv.DictReader(f))) == 4 * len(stats.LENGTH_EDGES + (None,))
   assert (out / "length.png").read_bytes()[:8] == PNG
 
 
@@ -112,7 +113,7 @@ def pair(directory, src_lines, ref_lines, name="extra"):
   return str(src), str(ref)
 
 
-def scores(row, name):
+def row_scores(row, name):
   return row[f"{name}_bleu"], row[f"{name}_chrf"]
 
 
@@ -121,16 +122,16 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   workdir = small_run(run, tmp_path / "run")
 
   def compare_val(**search):
-    return compare.compare_runs([workdir], tmp_path / "out", split="val", beam_size=2,
+    return comparison.compare_runs([workdir], tmp_path / "out", split="val", beam_size=2,
                                 n_samples=20, **search)[0]
 
   row = compare_val(alpha=0.6)
   fresh, prefix = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.6)
-  assert scores(row, "val") == (fresh["bleu"], fresh["chrf"])
+  assert row_scores(row, "val") == (fresh["bleu"], fresh["chrf"])
   (cached,) = (workdir / "eval" / "compare").glob("val.beam2.*.json")
   key = json.loads(cached.read_text())["key"]
   assert (key["checkpoint_steps"], key["beam_size"], key["alpha"]) == ([4], 2, 0.6)
-  hyp_file, json_file = metrics.output_files(prefix)
+  hyp_file, json_file = scores.output_files(prefix)
   assert cached.with_suffix(".hyp").read_text() == hyp_file.read_text()
 
   # Nothing changed: the cached result is shown (marked here so that it can be told apart).
@@ -141,7 +142,7 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   # anew (and never reads those files), and at 0.6 keeps its own result.
   evaluate_py, _ = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.0)
   json_file.write_text(json.dumps({**json.loads(json_file.read_text()), "bleu": 77.0}))
-  assert scores(compare_val(alpha=0.0), "val") == (evaluate_py["bleu"], evaluate_py["chrf"])
+  assert row_scores(compare_val(alpha=0.0), "val") == (evaluate_py["bleu"], evaluate_py["chrf"])
   assert compare_val(alpha=0.6)["val_bleu"] == 99.0
   assert len(list((workdir / "eval" / "compare").glob("val.beam2.*.json"))) == 2
 
@@ -150,7 +151,7 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   row = compare_val(alpha=0.6)
   fresh, _ = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.6)
   assert fresh["checkpoint_steps"] == [2]
-  assert scores(row, "val") == (fresh["bleu"], fresh["chrf"])
+  assert row_scores(row, "val") == (fresh["bleu"], fresh["chrf"])
   shutil.copytree(run / "checkpoints" / "4", workdir / "checkpoints" / "4")
   assert compare_val(alpha=0.6)["val_bleu"] == 99.0  # Step 4 again: its result, cached.
 
@@ -164,18 +165,18 @@ def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
   b = pair(tmp_path / "b", sources, translated)  # The run's own output: chrF 100.
   rows = {}
   for name, (src, ref) in (("a", a), ("b", b)):  # The second with the first's cache there.
-    test_set = compare.parse_test_set(f"{name}={src},{ref}")
-    rows[name] = compare.compare_runs([workdir], tmp_path / "out", split="val",
+    test_set = comparison.parse_test_set(f"{name}={src},{ref}")
+    rows[name] = comparison.compare_runs([workdir], tmp_path / "out", split="val",
                                       test_sets=[test_set], beam_size=2, n_samples=20)[0]
     fresh, _ = evaluate.run_evaluation(workdir, src_file=src, ref_file=ref, beam_size=2)
-    assert scores(rows[name], name) == (fresh["bleu"], fresh["chrf"])
+    assert row_scores(rows[name], name) == (fresh["bleu"], fresh["chrf"])
   assert rows["b"]["b_chrf"] == 100.0 and rows["a"]["a_chrf"] < 50
 
 
 def test_runs_with_the_same_directory_name_stay_apart(run, tmp_path):
   runs = [small_run(run, tmp_path / "runs" / group / "s0") for group in ("a", "b")]
   out = tmp_path / "out"
-  rows = compare.compare_runs(runs, out, split="val", beam_size=2, n_samples=20)
+  rows = comparison.compare_runs(runs, out, split="val", beam_size=2, n_samples=20)
   assert [r["run"] for r in rows] == ["a/s0", "b/s0"]
   assert rows[1]["val_p_value"] == 1.0  # The same model: tested against the other s0.
   with open(out / "length.csv", encoding="utf-8") as f:
@@ -187,17 +188,17 @@ def test_runs_with_the_same_directory_name_stay_apart(run, tmp_path):
 
 
 def test_run_names_are_paths_below_the_common_parent(tmp_path):
-  assert compare.run_names([tmp_path / "runs" / "a" / "s0"]) == ["s0"]
-  assert compare.run_names([tmp_path / "x" / "a" / "s0", tmp_path / "x" / "b" / "s0",
+  assert comparison.run_names([tmp_path / "runs" / "a" / "s0"]) == ["s0"]
+  assert comparison.run_names([tmp_path / "x" / "a" / "s0", tmp_path / "x" / "b" / "s0",
                             tmp_path / "x" / "b" / "s1"]) == ["a/s0", "b/s0", "b/s1"]
-  assert compare.run_names([tmp_path / "r", tmp_path / "r" / "more"]) == ["r", "r/more"]
+  assert comparison.run_names([tmp_path / "r", tmp_path / "r" / "more"]) == ["r", "r/more"]
 
 
 def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, caplog):
-  whole = compare._training_record(run)
+  whole = comparison._training_record(run)
   workdir = metrics_copy(run, tmp_path, '{"step": 5, "split": "train", "loss": 3.')
   with caplog.at_level("WARNING", logger="seq2seq"):
-    assert compare._training_record(workdir) == whole
+    assert comparison._training_record(workdir) == whole
   assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
       (logging.WARNING, f"{workdir}/metrics.jsonl: its last line was cut off (the run was stopped"
        " while writing it?) and is skipped.")]

@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from seq2seq import compiling, evaluate, steps, train, train_actions, translator
+from seq2seq.decoding import translator
+from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
-from seq2seq.translator import Translator
+from seq2seq.evaluation import evaluate
+from seq2seq.runtime import compiling
+from seq2seq.training import loop, reports, steps
 from tests.helpers import fast_tiny_config
 
 OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -207,7 +210,7 @@ def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fres
   ahead = translator.grid_sources(c, c.eval.batch_size)
   assert [src.shape for src in ahead] == [(8, 8), (8, 16), (8, 24), (8, 32)]
   with caplog.at_level(logging.INFO, "seq2seq"), compiling.counting() as cold:
-    train.train_and_evaluate(c, tmp_path / "cold")
+    loop.train_and_evaluate(c, tmp_path / "cold")
   # Each program once: the validation searches and the four evaluation searches.
   assert (cold.compiled["jit(train_step)"], cold.compiled["jit(eval_step)"],
           cold.compiled["jit(search_fn)"]) == (2, 4, 4 + 4)
@@ -221,7 +224,7 @@ def test_a_run_compiles_each_program_once_and_a_warm_rerun_compiles_nothing(fres
 
   caplog.clear()
   with caplog.at_level(logging.INFO, "seq2seq"), compiling.counting() as warm:
-    train.train_and_evaluate(c, tmp_path / "warm")
+    loop.train_and_evaluate(c, tmp_path / "warm")
   assert sum(warm.compiled.values()) == 0, warm.compiled
   assert (warm.cached["jit(train_step)"], warm.cached["jit(eval_step)"],
           warm.cached["jit(search_fn)"]) == (2, 4, 4 + 4)
@@ -240,8 +243,8 @@ def test_step_one_does_not_wait_for_the_validation_programs(tmp_path, monkeypatc
   """Validation's programs are held back until step 1 has finished and validation has said
   that it waits for them: a run that compiled them before step 1 would never get there."""
   first_step, announced, waits = threading.Event(), threading.Event(), []
-  eval_step, first_step_done = steps.eval_step, train_actions.CompileLog.first_step
-  write = train_actions.Progress.write
+  eval_step, first_step_done = steps.eval_step, reports.CompileLog.first_step
+  write = reports.Progress.write
 
   def held_back_eval_step(*args, **kwargs):  # Traced while the program compiles.
     waits.append(first_step.wait(timeout=60) and announced.wait(timeout=60))
@@ -257,11 +260,11 @@ def test_step_one_does_not_wait_for_the_validation_programs(tmp_path, monkeypatc
       announced.set()
 
   monkeypatch.setattr(steps, "eval_step", held_back_eval_step)
-  monkeypatch.setattr(train_actions.CompileLog, "first_step", after_first_step)
-  monkeypatch.setattr(train_actions.Progress, "write", noted)
+  monkeypatch.setattr(reports.CompileLog, "first_step", after_first_step)
+  monkeypatch.setattr(reports.Progress, "write", noted)
   c = fast_tiny_config()
   c.train.num_steps = c.eval.every_steps = 2
-  result = train.train_and_evaluate(c, tmp_path / "run")
+  result = loop.train_and_evaluate(c, tmp_path / "run")
   assert waits == [True] and result["step"] == 2
 
 
@@ -279,7 +282,7 @@ def test_each_kind_of_program_compiles_with_its_own_options(fresh_cache, tmp_pat
   c.train.num_steps = c.eval.every_steps = 2
   c.compile.train_options = f"xla_dump_to={tmp_path / 'train'}"
   c.compile.eval_options = f"xla_dump_to={tmp_path / 'eval'},xla_dump_hlo_as_text=true"
-  train.train_and_evaluate(c, tmp_path / "run")
+  loop.train_and_evaluate(c, tmp_path / "run")
   assert _dumped(tmp_path / "train") == {"train_step"}
   assert _dumped(tmp_path / "eval") == {"eval_step", "search_fn"}
 
@@ -313,7 +316,7 @@ def test_after_training_its_evaluations_compile_no_search(fresh_cache, tmp_path)
   c.data.max_len = 64  # Sentences up to 64 subwords: the whole grid of model.max_len=64.
   c.train.num_steps = c.eval.every_steps = 2
   c.eval.test_beam_size = 4  # run_evaluation's beam
-  train.train_and_evaluate(c, tmp_path / "run")
+  loop.train_and_evaluate(c, tmp_path / "run")
   jax.clear_caches()  # As in another process: only the persistent cache holds programs.
   words = "two young men in red shirts are playing football on a green field".split()
   lines = [" ".join(words[:1 + i % len(words)] * (1 + i % 4)) for i in range(40)]

@@ -6,8 +6,9 @@ import json
 import pytest
 from absl import flags
 
-from seq2seq import cli, models
 from seq2seq import config as config_lib
+from seq2seq import models
+from seq2seq.commands import cli
 from tests.helpers import ROOT, import_graph, load_config
 
 

@@ -13,8 +13,8 @@ import sentencepiece as spm
 
 from seq2seq.config import base_config
 from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
-from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tests.helpers import TFDS_EXTRA
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
@@ -84,10 +84,10 @@ def test_load_or_train_trains_once(tmp_path):
     calls.append(1)
     return iter(_sentences(300))
 
-  first = tokenizer.load_or_train(tmp_path, texts_fn, vocab_size=80)
+  first = tokenizer.load_or_train(tmp_path / "vocab" / "spm.model", texts_fn, vocab_size=80)
   model = tmp_path / "vocab" / "spm.model"
   mtime = model.stat().st_mtime_ns
-  second = tokenizer.load_or_train(tmp_path, texts_fn, vocab_size=80)
+  second = tokenizer.load_or_train(tmp_path / "vocab" / "spm.model", texts_fn, vocab_size=80)
   assert len(calls) == 1
   assert model.stat().st_mtime_ns == mtime
   assert second.vocab_size == first.vocab_size

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq import decoding, translator
 from seq2seq.config import base_config
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.decoding import search, translator
 from seq2seq.models import build_model
-from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 A, B, C = 4, 5, 6  # token ids of a hand-built 7-token vocabulary
 
@@ -36,18 +36,18 @@ def transition_table(rows):
   return table
 
 
-def search(step_fn, batch=1, max_len=8, **kw):
+def beam(step_fn, batch=1, max_len=8, **kw):
   cache = jnp.zeros((batch * kw.get("beam_size", 1),))
-  return decoding.beam_search(step_fn, cache, batch, max_len, **kw)
+  return search.beam_search(step_fn, cache, batch, max_len, **kw)
 
 
 def test_beam_search_finds_the_sequence_greedy_misses():
   # Greedy takes A (0.6) and then ends: 0.6 * 0.4 = 0.24.  B EOS has 0.4 * 0.99.
   step = table_step(transition_table({BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.4, C: 0.3, B: 0.3},
                                       B: {EOS_ID: 0.99, C: 0.01}}))
-  greedy = decoding.greedy_search(step, jnp.zeros((1,)), 1, 8)
+  greedy = search.greedy_search(step, jnp.zeros((1,)), 1, 8)
   np.testing.assert_array_equal(greedy[0, :3], [A, EOS_ID, PAD_ID])
-  ids, scores = search(step, beam_size=2, alpha=0.0)
+  ids, scores = beam(step, beam_size=2, alpha=0.0)
   np.testing.assert_array_equal(ids[0, 0, :3], [B, EOS_ID, PAD_ID])
   np.testing.assert_allclose(scores[0, 0], np.log(0.4 * 0.99), rtol=1e-5)
 
@@ -72,8 +72,8 @@ def test_length_penalty_reorders_finished_hypotheses_by_its_formula():
   hypotheses = all_finished_hypotheses(table, 4)
   winners = set()
   for alpha in (0.0, 1.0, 4.0):
-    ids, scores = search(table_step(table), beam_size=4, alpha=alpha, nbest=2, max_len=4)
-    expected = sorted(((logp / decoding.length_penalty(len(seq), alpha), seq)
+    ids, scores = beam(table_step(table), beam_size=4, alpha=alpha, nbest=2, max_len=4)
+    expected = sorted(((logp / search.length_penalty(len(seq), alpha), seq)
                        for seq, logp in hypotheses), key=lambda x: -x[0])[:2]
     np.testing.assert_allclose(scores[0], [e[0] for e in expected], rtol=1e-5)
     for n, (_, tokens) in enumerate(expected):
@@ -85,7 +85,7 @@ def test_length_penalty_reorders_finished_hypotheses_by_its_formula():
 def test_nbest_puts_a_finished_hypothesis_before_an_unfinished_one():
   # "A EOS" finishes; "B B B ..." never does. Both have probability 0.5.
   table = transition_table({BOS_ID: {A: 0.5, B: 0.5}, A: {EOS_ID: 1.0}, B: {B: 1.0}})
-  ids, scores = search(table_step(table), beam_size=2, alpha=0.0, nbest=2, max_len=3)
+  ids, scores = beam(table_step(table), beam_size=2, alpha=0.0, nbest=2, max_len=3)
   np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID, PAD_ID])
   np.testing.assert_array_equal(ids[0, 1], [B, B, B])
   np.testing.assert_allclose(scores[0], [np.log(0.5)] * 2, rtol=1e-5)
@@ -94,10 +94,10 @@ def test_nbest_puts_a_finished_hypothesis_before_an_unfinished_one():
 def test_length_penalty_known_values():
   """GNMT's ((5 + |Y|) / 6)^alpha: 1 for one token at any alpha, 2 where the base is 2 or 4."""
   for alpha in (0.2, 0.6, 1.0):
-    np.testing.assert_allclose(decoding.length_penalty(1, alpha), 1.0)
-  np.testing.assert_allclose(decoding.length_penalty(7, 1.0), 2.0)
-  np.testing.assert_allclose(decoding.length_penalty(19, 0.5), 2.0)
-  assert decoding.length_penalty(100, 0.0) == 1.0
+    np.testing.assert_allclose(search.length_penalty(1, alpha), 1.0)
+  np.testing.assert_allclose(search.length_penalty(7, 1.0), 2.0)
+  np.testing.assert_allclose(search.length_penalty(19, 0.5), 2.0)
+  assert search.length_penalty(100, 0.0) == 1.0
 
 
 @pytest.fixture(params=["transformer", "rnn"])
@@ -111,9 +111,9 @@ SRC = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0], [11, 3, 0, 0, 0, 0]])
 
 
 def test_beam_one_equals_greedy(model):
-  greedy, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=10)
+  greedy, _ = search.generate(model, SRC, search.Greedy(), max_len=10)
   memory = model.encode(SRC)
-  ids, _ = decoding.beam_search(functools.partial(model.decode_step, memory),
+  ids, _ = search.beam_search(functools.partial(model.decode_step, memory),
                                 model.init_cache(memory, 10), 3, 10, beam_size=1, alpha=0.0)
   np.testing.assert_array_equal(ids[:, 0], greedy[:, 0])
 
@@ -122,16 +122,16 @@ def test_padding_to_a_longer_grid_length_changes_no_translation(model):
   """The grid pads a batch further than its longest sentence: at the same decoding cap, the
   search reads PAD as nothing (scores equal to float rounding, ids exactly)."""
   wider = jnp.pad(SRC, ((0, 0), (0, 18)), constant_values=PAD_ID)  # 6 -> 24, a grid length.
-  for strategy in (decoding.Greedy(), decoding.Beam(3, 0.6, 2)):
-    ids, scores = decoding.generate(model, SRC, strategy, max_len=10)
-    wide_ids, wide_scores = decoding.generate(model, wider, strategy, max_len=10)
+  for strategy in (search.Greedy(), search.Beam(3, 0.6, 2)):
+    ids, scores = search.generate(model, SRC, strategy, max_len=10)
+    wide_ids, wide_scores = search.generate(model, wider, strategy, max_len=10)
     np.testing.assert_array_equal(wide_ids, ids)
     np.testing.assert_allclose(wide_scores, scores, rtol=1e-5, atol=1e-5)
 
 
 def test_cached_decoding_equals_uncached(model):
   """Greedy with the cache equals re-running teacher-forced decode on each prefix."""
-  cached, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=8)
+  cached, _ = search.generate(model, SRC, search.Greedy(), max_len=8)
   memory = model.encode(SRC)
   # Position t's logits see tokens 0..t only (causal), so one fixed-shape decode, compiled
   # once, re-runs the whole prefix at every step; later positions hold PAD until filled.
@@ -147,7 +147,7 @@ def test_cached_decoding_equals_uncached(model):
 
 
 def test_nbest_is_sorted_and_distinct(model):
-  ids, scores = decoding.generate(model, SRC, decoding.Beam(4, 0.6, nbest=3), max_len=8)
+  ids, scores = search.generate(model, SRC, search.Beam(4, 0.6, nbest=3), max_len=8)
   assert ids.shape == (3, 3, 8)
   for sentence, sentence_scores in zip(np.asarray(ids), np.asarray(scores), strict=True):
     assert len({tuple(h) for h in sentence}) == 3
@@ -159,17 +159,17 @@ def test_nbest_is_sorted_and_distinct(model):
 
 
 def test_beam_search_under_jit_equals_eager(model):
-  search = lambda src: decoding.generate(model, src, decoding.Beam(3, 0.6), max_len=8)  # noqa: E731
-  eager_ids, eager_scores = search(SRC)
-  ids, scores = jax.jit(search)(SRC)
+  decode = lambda src: search.generate(model, src, search.Beam(3, 0.6), max_len=8)  # noqa: E731
+  eager_ids, eager_scores = decode(SRC)
+  ids, scores = jax.jit(decode)(SRC)
   assert ids.shape == (3, 1, 8)
   np.testing.assert_array_equal(ids, eager_ids)
   np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
 def test_sampling_with_top_k_one_is_greedy(model):
-  greedy, _ = decoding.generate(model, SRC, decoding.Greedy(), max_len=8)
-  sampled, _ = decoding.generate(model, SRC, decoding.Sampling(3, temperature=2.0, top_k=1),
+  greedy, _ = search.generate(model, SRC, search.Greedy(), max_len=8)
+  sampled, _ = search.generate(model, SRC, search.Sampling(3, temperature=2.0, top_k=1),
                                  max_len=8)
   np.testing.assert_array_equal(sampled, greedy)
 
@@ -177,30 +177,30 @@ def test_sampling_with_top_k_one_is_greedy(model):
 def test_sampling_draws_only_from_the_top_k():
   # From BOS: A 0.5, B 0.3, C 0.2; with top_k=2, C must never be drawn, A and B both are.
   step = table_step(transition_table({BOS_ID: {A: 0.5, B: 0.3, C: 0.2}}))
-  sampling = decoding.Sampling(seed=0, top_k=2)
+  sampling = search.Sampling(seed=0, top_k=2)
   first = sampling.search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
   counts = {t: int(np.sum(np.asarray(first) == t)) for t in (A, B, C)}
   assert counts[C] == 0 and counts[A] > counts[B] > 100
   # A fixed seed gives the same samples.
-  again = decoding.Sampling(seed=0, top_k=2).search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
+  again = search.Sampling(seed=0, top_k=2).search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
   np.testing.assert_array_equal(first, again)
 
 
 def test_strategies_are_hashable_values_that_a_jitted_search_closes_over():
-  assert decoding.Beam(4, 0.6, nbest=2) == decoding.Beam(4, 0.6, nbest=2)
-  assert len({decoding.Greedy(), decoding.Greedy(), decoding.Sampling(1), decoding.Sampling(2),
-              decoding.Beam(4, 0.6), decoding.Beam(4, 0.6)}) == 4
-  assert (decoding.Greedy().nbest, decoding.Sampling(0).nbest, decoding.Beam(4, 0.6, 3).nbest) \
+  assert search.Beam(4, 0.6, nbest=2) == search.Beam(4, 0.6, nbest=2)
+  assert len({search.Greedy(), search.Greedy(), search.Sampling(1), search.Sampling(2),
+              search.Beam(4, 0.6), search.Beam(4, 0.6)}) == 4
+  assert (search.Greedy().nbest, search.Sampling(0).nbest, search.Beam(4, 0.6, 3).nbest) \
       == (1, 1, 3)
   with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam_size=2"):
-    decoding.Beam(2, 0.6, nbest=3)
+    search.Beam(2, 0.6, nbest=3)
 
 
 def test_the_search_flags_name_one_strategy():
-  assert translator.search_strategy(1, 0.6) == decoding.Greedy()
-  assert translator.search_strategy(2, 0.6, nbest=2) == decoding.Beam(2, 0.6, nbest=2)
+  assert translator.search_strategy(1, 0.6) == search.Greedy()
+  assert translator.search_strategy(2, 0.6, nbest=2) == search.Beam(2, 0.6, nbest=2)
   assert translator.search_strategy(1, 0.6, nbest=1, sample_seed=5, temperature=0.5,
-                                    top_k=3) == decoding.Sampling(5, 0.5, 3)
+                                    top_k=3) == search.Sampling(5, 0.5, 3)
 
 
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])
@@ -208,7 +208,7 @@ def test_top_k_by_chunks_equals_lax_top_k(n, k):
   x = jax.random.normal(jax.random.key(0), (5, n))
   x = x.at[1].set(jnp.round(x[1] * 2) / 2)  # Many ties: the lower index must win.
   x = x.at[2, : n // 2].set(-1e9)  # Dead beams' candidates, as in beam search.
-  values, index = decoding.chunked_top_k(x, k, chunk=64)
+  values, index = search.chunked_top_k(x, k, chunk=64)
   expected_values, expected_index = jax.lax.top_k(x, k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(index, expected_index)
@@ -221,10 +221,10 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
   c.model.num_encoder_layers = c.model.num_decoder_layers = 2
   model = build_model(c, 30)
   memory = model.encode(SRC)
-  shared = decoding.expand_to_beams(memory, 3)
-  copied = decoding.expand_to_beams(memory, 3, copy_all=True)
+  shared = search.expand_to_beams(memory, 3)
+  copied = search.expand_to_beams(memory, 3, copy_all=True)
   assert shared.cross_kv[0][0].shape[0] == 3 and copied.cross_kv[0][0].shape[0] == 9
-  results = [decoding.beam_search(functools.partial(model.decode_step, m),
+  results = [search.beam_search(functools.partial(model.decode_step, m),
                                   model.init_cache(m, 8), 3, 8, beam_size=3, alpha=0.6)
              for m in (shared, copied)]
   np.testing.assert_array_equal(results[0][0], results[1][0])
@@ -235,12 +235,12 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
 
 
 def test_cache_lengths_halve_max_len_down_to_the_shortest_phase():
-  assert decoding.cache_lengths(40) == (20, 40)
-  assert decoding.cache_lengths(150) == (18, 37, 75, 150)
-  assert decoding.cache_lengths(256) == (16, 32, 64, 128, 256)
-  assert decoding.cache_lengths(31) == (31,)
-  assert decoding.cache_lengths(20, shortest=8) == (10, 20)
-  assert decoding.cache_lengths(3, shortest=1) == (1, 3)
+  assert search.cache_lengths(40) == (20, 40)
+  assert search.cache_lengths(150) == (18, 37, 75, 150)
+  assert search.cache_lengths(256) == (16, 32, 64, 128, 256)
+  assert search.cache_lengths(31) == (31,)
+  assert search.cache_lengths(20, shortest=8) == (10, 20)
+  assert search.cache_lengths(3, shortest=1) == (1, 3)
 
 
 @pytest.mark.parametrize("attention", ["scaled_dot", "local"])
@@ -251,23 +251,23 @@ def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatc
   c.model.num_encoder_layers = c.model.num_decoder_layers = 2
   c.model.attention, c.model.attention_window = attention, 3
   model = build_model(c, 30)
-  memory = decoding.expand_to_beams(model.encode(SRC), 3)
+  memory = search.expand_to_beams(model.encode(SRC), 3)
   cache = model.init_cache(memory, 20)
 
   def step(cache, token_ids):  # Never EOS: every hypothesis runs through all three phases.
     logits, cache = model.decode_step(memory, cache, token_ids)
     return logits.at[:, EOS_ID].set(-1e9), cache
 
-  def search():
-    return jax.jit(lambda cache: decoding.beam_search(step, cache, 3, 20, beam_size=3,
+  def decode():
+    return jax.jit(lambda cache: search.beam_search(step, cache, 3, 20, beam_size=3,
                                                       alpha=0.6, nbest=3))(cache)
 
-  cache_lengths = decoding.cache_lengths
-  monkeypatch.setattr(decoding, "cache_lengths", lambda max_len: cache_lengths(max_len, 5))
-  assert decoding.cache_lengths(20) == (5, 10, 20)
-  phased = search()
-  monkeypatch.setattr(decoding, "cache_lengths", lambda max_len: (max_len,))
-  whole = search()
+  cache_lengths = search.cache_lengths
+  monkeypatch.setattr(search, "cache_lengths", lambda max_len: cache_lengths(max_len, 5))
+  assert search.cache_lengths(20) == (5, 10, 20)
+  phased = decode()
+  monkeypatch.setattr(search, "cache_lengths", lambda max_len: (max_len,))
+  whole = decode()
   assert np.all(np.asarray(whole[0]) != PAD_ID)
   np.testing.assert_array_equal(phased[0], whole[0])
   # The same terms, summed over 5 or 10 slots instead of 20: equal up to float rounding.

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from seq2seq.evaluate import run_evaluation
-from seq2seq.metrics import output_files
+from seq2seq.evaluation.evaluate import run_evaluation
+from seq2seq.evaluation.scores import output_files
 from tests.helpers import ROOT, device_env, train_losses, train_on
 
 

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 from absl import flags
 
-from seq2seq import cli, signals, train, workdirs
+from seq2seq.commands import cli
+from seq2seq.runs import workdirs
+from seq2seq.runtime import signals
+from seq2seq.training import loop
 from tests.helpers import (
   DEVICE_RUN,
   device_env,
@@ -75,7 +78,7 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
 # id left empty, which jax.distributed must read from the environment (a one-task Slurm job).
 JOIN = """
 import jax
-from seq2seq import distributed
+from seq2seq.training import distributed
 from seq2seq.config import base_config
 d = base_config().distributed
 distributed.initialize_distributed(d)
@@ -146,7 +149,7 @@ def test_a_deferred_start_up_signal_ends_the_run_before_its_first_step(tmp_path,
       signal.raise_signal(signal.SIGTERM)
       assert signals.RECEIVED == ["SIGTERM"]  # Recorded, not raised.
       with pytest.raises(signals.Interrupted, match="SIGTERM"):
-        train.train_and_evaluate(fast_tiny_config(), tmp_path / "run")
+        loop.train_and_evaluate(fast_tiny_config(), tmp_path / "run")
   finally:
     for sig, handler in handlers.items():
       signal.signal(sig, handler)

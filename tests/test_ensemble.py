@@ -12,11 +12,12 @@ import pytest
 from flax import nnx
 
 from seq2seq import config as config_lib
-from seq2seq import decoding, train
 from seq2seq.data import tokenizer
-from seq2seq.ensemble import Ensemble, stack
+from seq2seq.decoding import search
+from seq2seq.decoding.ensemble import Ensemble, stack
+from seq2seq.decoding.translator import Translator, search_fn
 from seq2seq.models import build_model
-from seq2seq.translator import Translator, search_fn
+from seq2seq.training import loop
 from tests.helpers import ENV, ROOT, fast_tiny_config
 
 TEXTS = ["A man is riding a bike.", "Two dogs play in the snow near a tree.", "", "A girl."]
@@ -28,7 +29,7 @@ def seed_1(run, tmp_path_factory):
   c = config_lib.from_json((run / "config.json").read_text())
   c.train.seed = 1
   workdir = tmp_path_factory.mktemp("seed") / "seed-1"
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
   return workdir
 
 
@@ -85,10 +86,10 @@ def _models(run, steps):
 def test_k_copies_of_one_model_give_its_scores(run):
   (graphdef, params), = _models(run, [4])
   src = jnp.asarray(np.array([[5, 9, 13, 3], [7, 3, 0, 0]], np.int32))
-  search = functools.partial(search_fn, src=src, strategy=decoding.Beam(3, 0.6, nbest=2),
+  decode = functools.partial(search_fn, src=src, strategy=search.Beam(3, 0.6, nbest=2),
                              max_len_a=1.0, max_len_b=4, max_len_limit=64)
-  ids, scores = search(params, graphdef=graphdef)
-  ensemble_ids, ensemble_scores = search((stack([params] * 3),), graphdef=(graphdef,))
+  ids, scores = decode(params, graphdef=graphdef)
+  ensemble_ids, ensemble_scores = decode((stack([params] * 3),), graphdef=(graphdef,))
   np.testing.assert_array_equal(ensemble_ids, ids)
   np.testing.assert_allclose(ensemble_scores, scores, rtol=1e-5)
 
@@ -144,6 +145,6 @@ def test_vocab_from_takes_another_runs_vocabulary(run, tmp_path):
   c = config_lib.from_json((run / "config.json").read_text())
   c.data.vocab_from = str(run)  # At its size (another is refused: tests/test_errors.py).
   c.train.num_steps, c.eval.every_steps = 2, 2
-  train.train_and_evaluate(c, tmp_path / "reuse")
+  loop.train_and_evaluate(c, tmp_path / "reuse")
   for name in ("spm.model", "spm.vocab"):
     assert (tmp_path / "reuse" / "vocab" / name).read_bytes() == (run / "vocab" / name).read_bytes()

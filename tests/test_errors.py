@@ -21,11 +21,14 @@ from unittest import mock
 import pytest
 from absl import flags as absl_flags
 
-from seq2seq import cli, compare, evaluate, plots, sweep, textio, train
-from seq2seq.data import corpus, tokenizer
+from seq2seq.commands import cli
+from seq2seq.compare import comparison, sweep
+from seq2seq.data import corpus, textio, tokenizer
+from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
-from seq2seq.translator import Translator
-from seq2seq.workdirs import WorkdirLock
+from seq2seq.evaluation import evaluate, plots
+from seq2seq.runs.workdirs import WorkdirLock
+from seq2seq.training import loop
 from tests.helpers import (
   ENV,
   ROOT,
@@ -103,7 +106,7 @@ def train_with(workdir, **fields):
   for name, value in fields.items():
     section, field = name.split("__")
     c[section][field] = value
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
 
 
 def corpus_dir(tmp, files: dict[str, bytes]):
@@ -186,7 +189,7 @@ def config_file_trained(tmp, source: str):
   values = absl_flags.FlagValues()
   config = cli.define_config_flag(values)
   cli.parse_flags(["train.py", f"--config={path}"], values)
-  train.train_and_evaluate(config.value, tmp / "new")
+  loop.train_and_evaluate(config.value, tmp / "new")
 
 
 def without_tfds(fn):
@@ -428,7 +431,7 @@ CASES = [
      lambda r, t, v: train_with(t / "new", data__vocab_from=str(r), data__vocab_size=300),
      "config.data.vocab_from={run} holds a vocabulary of config.data.vocab_size=500, not this"
      " run's 300; pass --config.data.vocab_size=500, or drop vocab_from to train one of 300."),
-    ("an empty workdir", lambda r, t, v: train.train_and_evaluate(fast_tiny_config(), ""),
+    ("an empty workdir", lambda r, t, v: loop.train_and_evaluate(fast_tiny_config(), ""),
      "--workdir is empty; pass the directory of the run, e.g. --workdir=runs/m30k_transformer."),
     ("a workdir that is not a run",
      lambda r, t, v: train_with(not_a_run(t)),
@@ -443,7 +446,7 @@ CASES = [
         r, t, lambda copy: (copy / "eval").mkdir() or (copy / "eval" / "selected.json")
         .write_text("")), "selected"),
      "{tmp}/copy/eval/selected.json is not valid JSON (Expecting value); choose again on"
-     " validation data: scripts/evaluate.py --split=val --checkpoint=best,avg:5,avg:10."),
+     " validation data: seq2seq-evaluate --split=val --checkpoint=best,avg:5,avg:10."),
     ("a candidate the run does not hold, after others", lambda r, t, v: evaluate.select_checkpoint(
         copy_run(r, t), ["best", "avg:2", "avg:5"]),
      "--checkpoint=avg:5 averages 5 checkpoints but {tmp}/copy/checkpoints holds 2 (steps 2, 4);"
@@ -451,7 +454,7 @@ CASES = [
     ("a repeated candidate", lambda r, t, v: evaluate.select_checkpoint(r, ["best", "best"]),
      "--checkpoint=best,best has an empty or repeated entry; list each candidate once, e.g."
      " --checkpoint=best,avg:5,avg:10."),
-    ("a test set of unequal line counts", lambda r, t, v: compare.parse_test_set(
+    ("a test set of unequal line counts", lambda r, t, v: comparison.parse_test_set(
         "mine=" + text_file(t, "a.en", b"one\ntwo\n") + "," + text_file(t, "a.de", b"eins\n")),
      "--test_set=mine={tmp}/a.en,{tmp}/a.de: {tmp}/a.en has 2 lines but {tmp}/a.de has 1; pass a"
      " reference line for every source line."),
@@ -468,7 +471,7 @@ CASES = [
      " direction."),
     # Checkpoints.
     ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
-     "{tmp} is not a training run (no config.json); pass the --workdir that scripts/train.py"
+     "{tmp} is not a training run (no config.json); pass the --workdir that seq2seq-train"
      " wrote."),
     ("run without checkpoints", lambda r, t, v: evaluate.run_evaluation(config_only(r, t)),
      "{tmp}/checkpoints holds no checkpoint; train the run first."),
@@ -526,31 +529,31 @@ CASES = [
     ("avg:0", lambda r, t, v: evaluate.run_evaluation(r, checkpoint="avg:0"),
      "--checkpoint=avg:0 averages no checkpoint; N of avg:N must be 1 to 2, the checkpoints"
      " {run}/checkpoints holds."),
-    ("--baseline not a run", lambda r, t, v: compare.compare_runs([r], t / "out",
+    ("--baseline not a run", lambda r, t, v: comparison.compare_runs([r], t / "out",
                                                                   baseline=t / "missing"),
      "--baseline={tmp}/missing is not a training run (no config.json); pass one of the compared"
      " workdirs."),
     # compare.py: its --test_set values and the runs it is given.
-    ("--test_set not NAME=SRC,REF", lambda r, t, v: compare.parse_test_set("test2017"),
+    ("--test_set not NAME=SRC,REF", lambda r, t, v: comparison.parse_test_set("test2017"),
      "--test_set=test2017 is not NAME=SRC,REF; e.g."
      " --test_set=test2017=data/test_2017.en,data/test_2017.de."),
-    ("--test_set named like a split", lambda r, t, v: compare.parse_test_set("val=a.en,a.de"),
+    ("--test_set named like a split", lambda r, t, v: comparison.parse_test_set("val=a.en,a.de"),
      "--test_set=val=a.en,a.de: 'val' is a split of the runs' corpus; give the files another"
      " name."),
     ("--test_set of a missing file",
-     lambda r, t, v: compare.parse_test_set("t=missing.en,missing.de"),
+     lambda r, t, v: comparison.parse_test_set("t=missing.en,missing.de"),
      "--test_set=t=missing.en,missing.de: missing.en is not a file; pass an existing text"
      " file."),
-    ("compare paths that are not runs", lambda r, t, v: compare.compare_runs(
+    ("compare paths that are not runs", lambda r, t, v: comparison.compare_runs(
         [r, *not_runs(t)], t / "new"),
      "Not training runs: {tmp}/tpyo (does not exist), {tmp}/notes (no config.json),"
-     " {tmp}/notes.md (not a directory); pass only the workdirs that scripts/train.py wrote (each"
+     " {tmp}/notes.md (not a directory); pass only the workdirs that seq2seq-train wrote (each"
      " holds config.json), e.g. runs/rnn_attention/*."),
-    ("compare runs scored on other sentences", lambda r, t, v: compare.compare_runs(
+    ("compare runs scored on other sentences", lambda r, t, v: comparison.compare_runs(
         runs_of_two_corpora(r, t), t / "new", split="val"),
      "{tmp}/b has other val sentences than the baseline {tmp}/a (their config.data differs);"
      " compare runs of one corpus."),
-    ("compare a run with a broken metrics line", lambda r, t, v: compare.compare_runs(
+    ("compare a run with a broken metrics line", lambda r, t, v: comparison.compare_runs(
         [with_broken_metrics_line(r, t)], t / "new"),
      "{tmp}/copy/metrics.jsonl line 2 is not a JSON record (Unterminated string starting at);"
      " repair or delete that line."),
@@ -559,7 +562,7 @@ CASES = [
      "{tmp}/plain.model has special ids (pad, unk, bos, eos) = (-1, 0, 1, 2), not (0, 1, 2, 3):"
      " seq2seq did not write it. Put back the run's own vocabulary, or train in a new"
      " --workdir."),
-    ("compare at --beam_size=0", lambda r, t, v: compare.compare_runs([r], t / "new",
+    ("compare at --beam_size=0", lambda r, t, v: comparison.compare_runs([r], t / "new",
                                                                      beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),  # And --out is not created.
     ("sweep at --parallel=0", lambda r, t, v: sweep.run_sweep(
@@ -680,7 +683,7 @@ COMMANDS = [
      "{tmp}/bad.en line 2 is not UTF-8 (invalid start byte); convert the file to UTF-8."),
     ("compare.py, not a run", ["compare.py", "{run}", "{tmp}/tpyo", "--out={tmp}/new"],
      "Not a training run: {tmp}/tpyo (does not exist); pass only the workdirs that"
-     " scripts/train.py wrote (each holds config.json), e.g. runs/rnn_attention/*."),
+     " seq2seq-train wrote (each holds config.json), e.g. runs/rnn_attention/*."),
     ("compare.py, --alpha reaches the comparison",
      ["compare.py", "{run}", "--alpha=-1", "--out={tmp}/new"],
      "--alpha=-1.0 must be a number, not negative (0: no length penalty; 0.6 is usual)."),

@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 from seq2seq import config as config_lib
-from seq2seq import evaluate, metrics, selection, textio, train, train_state
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.data import textio
+from seq2seq.decoding.translator import Translator, alignment
 from seq2seq.errors import UserError
-from seq2seq.translator import Translator, alignment
+from seq2seq.evaluation import evaluate, scores
+from seq2seq.runs import selection, train_state
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.training import loop
 from tests.helpers import ENV, PNG, ROOT, damage_checkpoint, rescore_one_piece
 
 
@@ -42,7 +45,7 @@ def test_translate_stopped_while_decoding_ends_at_once_and_keeps_the_old_output(
   out.write_text("an earlier translation\n", encoding="utf-8")
   code = (
       "import os, runpy, signal, sys, time\n"
-      "from seq2seq.translator import Translator\n"
+      "from seq2seq.decoding.translator import Translator\n"
       "def stopped(self, src_ids):\n"
       f"  os.kill(os.getpid(), signal.{sig})\n"
       "  time.sleep(600)\n"
@@ -156,7 +159,7 @@ def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_pa
   scored, prefix = evaluate.run_evaluation(workdir, split="val", checkpoint="selected",
                                            beam_size=1)
   assert prefix.name == "val.selected.beam1" and scored["bleu"] == pytest.approx(best)
-  saved = json.loads(metrics.output_files(prefix)[1].read_text())
+  saved = json.loads(scores.output_files(prefix)[1].read_text())
   assert saved == scored and (saved["checkpoint"], saved["selected_checkpoint"]) == (
       "selected", chosen["checkpoint"])
 
@@ -202,14 +205,14 @@ def test_checkpoints_recording_the_vocabularys_bytes_stay_valid(run, tmp_path, m
   the file's bytes; they still read with their vocabulary, and refuse another one."""
   import hashlib
 
-  from seq2seq import checkpoint
+  from seq2seq.runs import checkpoints
 
-  monkeypatch.setattr(checkpoint, "vocab_fingerprint",
+  monkeypatch.setattr(checkpoints, "vocab_fingerprint",
                       lambda path: hashlib.sha256(path.read_bytes()).hexdigest()
                       if path.is_file() else None)
   c = config_lib.from_json((run / "config.json").read_text())
   c.train.num_steps, c.eval.every_steps = 2, 2
-  train.train_and_evaluate(c, tmp_path / "old")
+  loop.train_and_evaluate(c, tmp_path / "old")
   monkeypatch.undo()
   Translator(tmp_path / "old", "latest").translate(["A dog runs."])
   rescore_one_piece(tmp_path / "old" / "vocab" / "spm.model")

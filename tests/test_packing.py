@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq import steps
 from seq2seq.data import batching
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.models import attention, build_model, masks
-from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.training import steps
 
 VOCAB = 40
 

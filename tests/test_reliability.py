@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import async_path
 
-from seq2seq import checkpoint, train, workdirs
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
-from seq2seq.metrics_writer import MetricsWriter
-from seq2seq.translator import Translator
-from seq2seq.workdirs import WorkdirLock
+from seq2seq.runs import checkpoints, workdirs
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.workdirs import WorkdirLock
+from seq2seq.training import loop
+from seq2seq.training.metrics_writer import MetricsWriter
 from tests.helpers import ENV, ROOT, full_disk_at, shared_run_config
 
 
@@ -60,7 +61,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
   capfd.readouterr()
   for _ in range(2):  # The first run, and a rerun on a disk still full.
     with pytest.raises(UserError) as raised:
-      train.train_and_evaluate(shared_run_config(), workdir)
+      loop.train_and_evaluate(shared_run_config(), workdir)
     assert str(raised.value) == expected
     assert saved(workdir) == before  # Checkpoint 2 untouched, no trace of 4.
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
@@ -71,7 +72,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
 
   monkeypatch.undo()  # Space is free again: the same command resumes and finishes.
   caplog.clear()
-  result = train.train_and_evaluate(shared_run_config(), workdir)
+  result = loop.train_and_evaluate(shared_run_config(), workdir)
   assert result["step"] == 4
   assert f"Resumed {workdir} at step 2." in caplog.messages
   checkpoints = Checkpoints(workdir, keep=2)
@@ -83,11 +84,11 @@ def test_the_command_prints_only_the_line_on_a_full_disk(run, tmp_path):
   workdir = resumable_at_2(run, tmp_path)
   code = (
       "from orbax.checkpoint._src.path import async_path\n"
-      "from seq2seq import cli, train\n"
+      "from seq2seq.commands import cli\nfrom seq2seq.training import loop\n"
       "from tests.helpers import full_disk_at, shared_run_config\n"
       "async_path.write_text = full_disk_at(4)\n"
       "cli.parse_flags(['train.py'])\n"
-      f"cli.run_main(lambda: train.train_and_evaluate(shared_run_config(), {str(workdir)!r}))\n")
+      f"cli.run_main(lambda: loop.train_and_evaluate(shared_run_config(), {str(workdir)!r}))\n")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, env=ENV, timeout=300)
   assert result.returncode == 2, result.stderr[-3000:]
@@ -102,7 +103,7 @@ def test_a_full_disk_at_the_first_checkpoint_leaves_no_new_workdir(tmp_path, mon
   workdir = tmp_path / "new"
   monkeypatch.setattr(async_path, "write_text", full_disk_at(2))
   with pytest.raises(UserError) as raised:
-    train.train_and_evaluate(shared_run_config(), workdir)
+    loop.train_and_evaluate(shared_run_config(), workdir)
   assert str(raised.value) == (
       f"No space left on device while saving the checkpoint of step 2 in {workdir}/checkpoints;"
       " no checkpoint was saved yet. Free some space and run the same command to start again.")
@@ -126,7 +127,7 @@ def test_a_full_disk_while_writing_metrics_keeps_the_last_checkpoint(run, tmp_pa
 
   monkeypatch.setattr(MetricsWriter, "write", full)
   with pytest.raises(UserError) as raised:
-    train.train_and_evaluate(shared_run_config(), workdir)
+    loop.train_and_evaluate(shared_run_config(), workdir)
   assert str(raised.value) == (
       f"No space left on device while {doing.format(workdir=workdir)}; the last good checkpoint"
       " is step 2. Free some space and run the same command to resume.")
@@ -196,7 +197,7 @@ def four_checkpoints(tmp_path_factory):
   c = shared_run_config(num_steps=8)
   c.checkpoint.keep = 4
   workdir = tmp_path_factory.mktemp("rotated") / "run"
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
   return workdir
 
 
@@ -232,13 +233,13 @@ def rotating_while_read(monkeypatch, workdir: Path, later: Path, times: int,
       if partially:  # The files go first; the directory goes while the reader waits.
         for path in sorted(oldest.rglob("*"), reverse=True):
           path.unlink() if path.is_file() else path.rmdir()
-        sleep = checkpoint.time.sleep
+        sleep = checkpoints.time.sleep
 
         def deleted(seconds):
           shutil.rmtree(oldest, ignore_errors=True)
           sleep(seconds)
 
-        monkeypatch.setattr(checkpoint.time, "sleep", deleted)
+        monkeypatch.setattr(checkpoints.time, "sleep", deleted)
       else:
         shutil.rmtree(oldest)
       state["rotations"] += 1
@@ -307,12 +308,12 @@ def test_a_start_refused_the_lock_leaves_the_new_workdir_of_the_other(tmp_path, 
     return racing
 
   if made_by == "this start":  # It saw no workdir (and made it); the other then locks it.
-    monkeypatch.setattr(train, "check_run_config", then_the_other_start(train.check_run_config))
+    monkeypatch.setattr(loop, "check_run_config", then_the_other_start(loop.check_run_config))
   else:  # The other start makes and locks it before this one looks.
     monkeypatch.setattr(workdirs, "check_writable", then_the_other_start(workdirs.check_writable))
   try:
     with pytest.raises(UserError) as raised:
-      train.train_and_evaluate(shared_run_config(), workdir)
+      loop.train_and_evaluate(shared_run_config(), workdir)
     assert str(raised.value) == (
         f"{workdir} is in use by another training (host {socket.gethostname()}, pid"
         f" {os.getpid()}, holding {workdir / '.lock'}); wait for it to finish or stop it, or pass"
@@ -334,15 +335,15 @@ def test_only_the_start_that_made_the_workdir_removes_it(tmp_path, monkeypatch):
   def fail(*args):
     raise UserError("a mistake found while starting.")
 
-  monkeypatch.setattr(train, "Trainer", fail)
+  monkeypatch.setattr(loop, "Trainer", fail)
   with pytest.raises(UserError, match="a mistake found while starting"):
-    train.train_and_evaluate(shared_run_config(), workdir)
+    loop.train_and_evaluate(shared_run_config(), workdir)
   assert not workdir.exists()
   workdir.mkdir()  # Made by another start (a run's, by its files): a failed start leaves it.
   (workdir / "metrics.jsonl").write_text("")
   (workdir / "notes.txt").write_text("kept\n")
   with pytest.raises(UserError, match="a mistake found while starting"):
-    train.train_and_evaluate(shared_run_config(), workdir)
+    loop.train_and_evaluate(shared_run_config(), workdir)
   assert (workdir / "notes.txt").read_text() == "kept\n"
   assert not (workdir / ".lock").exists()
 
@@ -359,7 +360,7 @@ def test_a_workdir_removed_before_its_lock_is_taken_is_one_line(tmp_path):
 def test_asyncio_logs_of_a_failed_orbax_read_are_filtered_by_where_they_were_raised(in_orbax):
   # A damaged checkpoint's read fails in tensorstore under orbax's gathering future; asyncio
   # logs "exception was never retrieved" with a message that names neither orbax nor OCDBT.
-  from seq2seq import orbax_logs
+  from seq2seq.runs import orbax_logs
   where = orbax_logs._ORBAX + "read.py" if in_orbax else __file__
   try:
     try:

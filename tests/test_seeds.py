@@ -9,11 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from seq2seq import compare, evaluate, steps, sweep, train
-from seq2seq.checkpoint import Checkpoints
+from seq2seq.compare import comparison, sweep
 from seq2seq.data import batching, corpus
-from seq2seq.trainer import Trainer
-from seq2seq.translator import Translator
+from seq2seq.decoding.translator import Translator
+from seq2seq.evaluation import evaluate
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.training import loop, steps
+from seq2seq.training.trainer import Trainer
 from tests.helpers import read_metrics, shared_run_config
 
 SEEDS = (0, 1)
@@ -50,7 +52,7 @@ def alone(run, tmp_path_factory):
   c = shared_run_config()
   c.train.seed = 1
   workdir = tmp_path_factory.mktemp("alone") / "seed-1"
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
   return {0: run, 1: workdir}
 
 
@@ -100,7 +102,7 @@ def test_members_are_runs_for_evaluate_ensemble_and_compare(group, tmp_path):
   scores, _ = evaluate.run_evaluation(members[0], split="val", checkpoint="best", beam_size=2,
                                       ensemble=[str(members[1])])
   assert 0.0 <= scores["bleu"] <= 100.0
-  rows = compare.compare_runs(members, tmp_path / "report", split="val", beam_size=1,
+  rows = comparison.compare_runs(members, tmp_path / "report", split="val", beam_size=1,
                               n_samples=20)
   assert [row["run"] for row in rows] == ["seed-0", "seed-1"]
   assert rows[0]["train.seed"] == 0 and rows[1]["train.seed"] == 1
@@ -120,11 +122,11 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
 
   monkeypatch.setattr(Trainer, "to_device", sigterm_once)
   workdirs = {seed: tmp_path / f"seed-{seed}" for seed in SEEDS}
-  stopped = train.train_seeds(shared_run_config(), workdirs)
+  stopped = loop.train_seeds(shared_run_config(), workdirs)
   assert [r["interrupted"] for r in stopped.values()] == ["SIGTERM", "SIGTERM"]
   step = stopped[0]["step"]
   assert [Checkpoints(w, keep=2).all_steps() for w in workdirs.values()] == [[step], [step]]
-  resumed = train.train_seeds(shared_run_config(), workdirs)
+  resumed = loop.train_seeds(shared_run_config(), workdirs)
   assert [r["step"] for r in resumed.values()] == [4, 4]
   for seed, workdir in workdirs.items():
     for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):

@@ -1,5 +1,6 @@
-"""The package's import graph has no cycle: every module can be read, and changed, on its own;
-and no test module imports another."""
+"""The package's folders are layers: each imports only the layers below it, no module reaches
+into another package's private names, and the graph has no cycle, so every module can be read,
+and changed, on its own. No test module imports another."""
 
 import ast
 import re
@@ -43,9 +44,133 @@ def test_find_cycle_finds_one():
 
 def test_the_package_has_no_import_cycle():
   graph = import_graph()
-  assert {"seq2seq.train", "seq2seq.evaluate", "seq2seq.train_state"} <= graph.keys()
-  assert "seq2seq.translator" in graph["seq2seq.trainer"]  # The graph does see imports.
+  assert {"seq2seq.training.loop", "seq2seq.evaluation.evaluate"} <= graph.keys()
+  # The graph does see imports.
+  assert "seq2seq.decoding.translator" in graph["seq2seq.training.trainer"]
   assert find_cycle(graph) is None
+
+
+# The layers, bottom up, in the order data flows: `shared` is the top-level modules that
+# every layer may use (errors, config); each other layer is a subpackage.
+LAYERS = ("shared", "runtime", "data", "models", "runs", "decoding", "evaluation", "training",
+          "compare", "performance", "commands")
+SHARED = {"__init__.py", "errors.py", "config.py"}
+MAY_IMPORT = re.compile(r"^May import: ([\w, \n]+)\.$", re.MULTILINE)
+
+
+def layer(module: str) -> str:
+  """`seq2seq.runs.checkpoints` -> `runs`; a top-level module -> `shared`."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "shared"
+
+
+def declared_imports(package: str) -> set[str]:
+  """The layers a subpackage's docstring says it may import (its "May import:" line)."""
+  doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text("utf-8")))
+  found = MAY_IMPORT.findall(doc or "")
+  assert len(found) == 1, f"seq2seq/{package}/__init__.py needs one 'May import: ...' line"
+  return {name.strip() for name in found[0].split(",")}
+
+
+def test_the_top_level_is_the_shared_modules_and_one_folder_per_layer():
+  entries = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+  assert entries == SHARED | set(LAYERS[1:])
+  for package in LAYERS[1:]:
+    assert ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text("utf-8")))
+
+
+def test_the_package_docstring_lists_the_layers_in_order():
+  doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text("utf-8")))
+  assert re.findall(r"^  (\w+)/ ", doc, re.MULTILINE) == list(LAYERS[1:])
+
+
+def test_each_package_imports_only_the_layers_it_declares_and_they_lie_below_it():
+  graph = import_graph()
+  for package in LAYERS[1:]:
+    declared = declared_imports(package)
+    below = set(LAYERS[:LAYERS.index(package)])
+    assert declared <= below, f"{package} declares {sorted(declared - below)}, not below it"
+    imported = {layer(dep) for module, deps in graph.items() if layer(module) == package
+                for dep in deps} - {package}
+    assert imported <= declared, f"{package} imports {sorted(imported - declared)} undeclared"
+  assert {layer(dep) for module, deps in graph.items() if layer(module) == "shared"
+          for dep in deps} <= {"shared"}
+
+
+def test_declared_imports_read_the_may_import_line(tmp_path, monkeypatch):
+  package = tmp_path / "seq2seq" / "layer"
+  package.mkdir(parents=True)
+  (package / "__init__.py").write_text('"""What it owns.\n\nMay import: shared,\ndata."""\n')
+  monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path / "seq2seq")
+  assert declared_imports("layer") == {"shared", "data"}
+  assert layer("seq2seq.layer.x") == "layer" and layer("seq2seq.config") == "shared"
+
+
+def private_imports(path) -> list[str]:
+  """The private names (`_name`) of another package's modules that the module at `path` uses:
+  imported by name, or read as an attribute of an imported module."""
+  own = layer(module_name(path))
+  tree = ast.parse(path.read_text(encoding="utf-8"))
+  modules, found = {}, []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seq2seq"):
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        if (PACKAGE.parent / f"{full.replace('.', '/')}.py").is_file():
+          modules[alias.asname or alias.name] = full
+        elif alias.name.startswith("_") and layer(node.module) != own:
+          found.append(f"{node.module}.{alias.name}")
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.attr.startswith("_") and not node.attr.startswith("__")
+        and node.value.id in modules and layer(modules[node.value.id]) != own):
+      found.append(f"{modules[node.value.id]}.{node.attr}")
+  return found
+
+
+def test_private_imports_sees_names_and_attributes(tmp_path):
+  module = PACKAGE / "compare" / "_probe_for_test.py"
+  module.write_text("from seq2seq.runs import workdirs\nfrom seq2seq.runs.workdirs import _x\n"
+                    "from seq2seq.compare import sweep\nworkdirs._y, sweep._z, workdirs.CONFIG\n")
+  try:
+    assert private_imports(module) == ["seq2seq.runs.workdirs._x", "seq2seq.runs.workdirs._y"]
+  finally:
+    module.unlink()
+
+
+def test_no_module_uses_another_packages_private_names():
+  assert {str(p.relative_to(ROOT)): found for p in PACKAGE.rglob("*.py")
+          if (found := private_imports(p))} == {}
+
+
+def lines_of_code(lines: list[str], node) -> int:
+  """A function's lines that hold code: not blank, not a comment, not its docstring."""
+  doc = set()
+  if ast.get_docstring(node) is not None:
+    doc = set(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+  start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+  return sum(1 for i in range(start, node.end_lineno + 1)
+             if i not in doc and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+
+
+def test_lines_of_code_skip_the_docstring_comments_and_blank_lines():
+  source = 'def f():\n  """Doc.\n\n  More."""\n  # note\n\n  x = 1\n  return x\n'
+  assert lines_of_code(source.splitlines(), ast.parse(source).body[0]) == 3
+
+
+def test_no_function_is_over_50_lines_of_code_and_no_module_over_400_lines():
+  long_functions, long_modules = {}, {}
+  for path in PACKAGE.rglob("*.py"):
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    if len(lines) > 400:
+      long_modules[str(path.relative_to(ROOT))] = len(lines)
+    for node in ast.walk(ast.parse(source)):
+      # The config's defaults are declarative: one field per line, each with its comment.
+      if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "base_config"
+          and (n := lines_of_code(lines, node)) > 50):
+        long_functions[f"{path.relative_to(ROOT)}:{node.name}"] = n
+  assert long_functions == {} and long_modules == {}
 
 
 IMPORTS_IN_CODE = re.compile(r"^\s*(?:from\s+(tests(?:\.\w+)*)\s+import\s+([\w, ]+)"
@@ -122,21 +247,22 @@ def test_no_family_or_variant_is_named_outside_models():
   found = {str(p.relative_to(ROOT)): spelled for p in PACKAGE.rglob("*.py")
            if "models" not in p.parts and (spelled := spelled_names(p, names))}
   # Homonyms: the learning-rate schedule `linear` and XLA's `dot` opcode, not the variants.
-  homonyms = {"seq2seq/train_state.py": {"linear"}, "seq2seq/profile.py": {"dot"}}
+  homonyms = {"seq2seq/config.py": {"linear"}, "seq2seq/runs/train_state.py": {"linear"},
+              "seq2seq/performance/profile.py": {"dot"}}
   assert {path: spelled for path, spelled in found.items()
           if {name for _, name in spelled} - homonyms.get(path, set())} == {}
 
 
 def test_every_command_is_a_console_script_and_a_script_alias():
-  """`seq2seq-<name>` runs `seq2seq.main.<name>`, which runs seq2seq/commands/<name>.py; and
-  scripts/<name>.py, where there is one, only calls that function, so the set-up
-  (seq2seq.main) is written once."""
-  commands = {p.stem for p in (PACKAGE / "commands").glob("*.py")} - {"__init__"}
+  """`seq2seq-<name>` runs `seq2seq.commands.main.<name>`, which runs
+  seq2seq/commands/<name>.py; and scripts/<name>.py, where there is one, only calls that
+  function, so the set-up (seq2seq.commands.main) is written once."""
+  commands = {p.stem for p in (PACKAGE / "commands").glob("*.py")} - {"__init__", "main", "cli"}
   assert {"train", "evaluate", "translate"} <= commands
-  assert console_scripts() == {f"seq2seq-{name.replace('_', '-')}": f"seq2seq.main:{name}"
-                               for name in commands}
+  assert console_scripts() == {f"seq2seq-{name.replace('_', '-')}":
+                               f"seq2seq.commands.main:{name}" for name in commands}
   main = {node.name: ast.unparse(node.body[-1]) for node in
-          ast.parse((PACKAGE / "main.py").read_text(encoding="utf-8")).body
+          ast.parse((PACKAGE / "commands" / "main.py").read_text(encoding="utf-8")).body
           if isinstance(node, ast.FunctionDef) and node.name in commands}
   assert main == {name: f"run({name!r})" for name in commands}
   scripts = {p.stem for p in (ROOT / "scripts").glob("*.py")}
@@ -145,4 +271,4 @@ def test_every_command_is_a_console_script_and_a_script_alias():
     body = ast.parse((ROOT / "scripts" / f"{name}.py").read_text(encoding="utf-8")).body
     assert ast.get_docstring(ast.Module(body, [])), name
     assert [ast.unparse(node) for node in body[1:]] == [
-        "from seq2seq import main", f"if __name__ == '__main__':\n    main.{name}()"], name
+        "from seq2seq.commands import main", f"if __name__ == '__main__':\n    main.{name}()"], name

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from seq2seq import compare, compare_eval, compare_stats, main, sweep
-from seq2seq.checkpoint import Checkpoints
-from seq2seq.trainer import Trainer
-from seq2seq.workdirs import WorkdirLock
+from seq2seq.compare import comparison, evaluations, stats, sweep
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.workdirs import WorkdirLock
+from seq2seq.runtime import process
+from seq2seq.training.trainer import Trainer
 from tests.helpers import ENV, FAST, PNG, ROOT, fast_tiny_config, load_config
 
 
@@ -73,7 +74,7 @@ def test_sweep_values_take_the_field_type():
 def test_compare_writes_table_and_pictures(swept):
   _, root, _ = swept
   runs = [root / "attention-scaled_dot", root / "attention-dot"]
-  rows = compare.compare_runs(runs, root / "report", split="val", beam_size=2, n_samples=100)
+  rows = comparison.compare_runs(runs, root / "report", split="val", beam_size=2, n_samples=100)
   with open(root / "report" / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
   assert list(table[0]) == ["run", "model.attention", "parameters", "steps", "train_minutes",
@@ -90,10 +91,10 @@ def test_compare_writes_table_and_pictures(swept):
 def test_a_run_against_itself_is_not_significant(swept):
   _, root, _ = swept
   run = root / "attention-dot"
-  hyps = compare_eval.evaluation(run, compare_eval.TestSet("val"), 2, 0.6)[1]
-  references = compare_eval.read_test_set(load_config("tiny"), compare_eval.TestSet("val"))[1]
+  hyps = evaluations.evaluation(run, evaluations.TestSet("val"), 2, 0.6)[1]
+  references = evaluations.read_test_set(load_config("tiny"), evaluations.TestSet("val"))[1]
   perfect = list(references)
-  result = compare_stats.paired_bootstrap(hyps, {"itself": list(hyps), "other": perfect},
+  result = stats.paired_bootstrap(hyps, {"itself": list(hyps), "other": perfect},
                                           references, 100)
   assert result["itself"][1] == 1.0
   assert result["other"][1] < 0.05  # the same test does detect a real difference
@@ -124,12 +125,12 @@ def test_parallel_trainers_take_a_share_of_device_memory_each(monkeypatch):
   (XLA's default, 0.75 each, would not fit two), unless the user chose."""
   for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
     monkeypatch.delenv(name, raising=False)
-  main.share_device_memory(1)
+  process.share_device_memory(1)
   assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
-  main.share_device_memory(3)
+  process.share_device_memory(3)
   assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
   monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
-  main.share_device_memory(2)
+  process.share_device_memory(2)
   assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
 
 

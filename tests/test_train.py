@@ -19,21 +19,21 @@ import optax
 import pytest
 from flax import nnx
 
-from seq2seq import train
-from seq2seq.checkpoint import Checkpoints
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import ATTENTION_BY_FAMILY, build_model
-from seq2seq.steps import cross_entropy, train_step
-from seq2seq.train_state import learning_rate_schedule, make_optimizer, new_train_state
-from seq2seq.trainer import Trainer
-from seq2seq.workdirs import WorkdirLock
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.train_state import learning_rate_schedule, make_optimizer, new_train_state
+from seq2seq.runs.workdirs import WorkdirLock
+from seq2seq.training import loop
+from seq2seq.training.steps import cross_entropy, train_step
+from seq2seq.training.trainer import Trainer
 from tests.helpers import ENV, damage_checkpoint, fast_tiny_config, load_config, read_metrics
 
 
 def test_one_training_step_end_to_end(tmp_path, tiny_config):
   tiny_config.train.num_steps = 1
-  result = train.train_and_evaluate(tiny_config, tmp_path)
+  result = loop.train_and_evaluate(tiny_config, tmp_path)
   assert result["step"] == 1 and "nrefs:1|case:mixed" in result["bleu_signature"]
   records = read_metrics(tmp_path)
   # The first step's compiling, its training record, validation's compiling, validation.
@@ -129,13 +129,13 @@ def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
   tiny_config.eval.every_steps = 3
   tiny_config.train.log_every_steps = 1
   whole = tmp_path / "whole"
-  train.train_and_evaluate(tiny_config, whole)
+  loop.train_and_evaluate(tiny_config, whole)
 
   split = tmp_path / "split"
   tiny_config.train.num_steps = 3
-  train.train_and_evaluate(tiny_config, split)
+  loop.train_and_evaluate(tiny_config, split)
   tiny_config.train.num_steps = 6
-  train.train_and_evaluate(tiny_config, split)
+  loop.train_and_evaluate(tiny_config, split)
 
   losses = lambda w: [(r["step"], r["loss"]) for r in read_metrics(w) if r["split"] == "train"]  # noqa: E731
   assert losses(split) == losses(whole)  # step 4 onwards: the same batches and dropout
@@ -170,13 +170,13 @@ def test_several_steps_per_call_train_as_one_step_per_call(tmp_path, tiny_config
     tiny_config.train.steps_per_call = k
     runs[k] = tmp_path / f"k{k}"
     calls.clear()
-    train.train_and_evaluate(tiny_config, runs[k])
+    loop.train_and_evaluate(tiny_config, runs[k])
   assert calls == [(0, 4), (4, 1), (5, 4), (9, 1)]
   # Stopped at 5 and resumed (calls of 4 from step 5: 5-8, then 9 alone).
   runs["resumed"] = tmp_path / "resumed"
   for num_steps in (5, 10):
     tiny_config.train.num_steps = num_steps
-    train.train_and_evaluate(tiny_config, runs["resumed"])
+    loop.train_and_evaluate(tiny_config, runs["resumed"])
   records = {k: [(r["step"], r["split"], r.get("loss")) for r in read_metrics(w)
                  if r["split"] != "compile"] for k, w in runs.items()}
   assert records[4] == records["resumed"] and len(records[1]) == 4
@@ -286,13 +286,13 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_con
                                                               damage):
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 4, 2
   tiny_config.train.log_every_steps = 1
-  train.train_and_evaluate(tiny_config, tmp_path)
+  loop.train_and_evaluate(tiny_config, tmp_path)
   damage_checkpoint(tmp_path, 4, damage)
   (tmp_path / "checkpoints" / "4" / "_CHECKPOINT_METADATA").write_text("")  # Read as it lists.
 
   tiny_config.train.num_steps = 6
   with caplog.at_level("WARNING", logger="seq2seq"):
-    result = train.train_and_evaluate(tiny_config, tmp_path)
+    result = loop.train_and_evaluate(tiny_config, tmp_path)
   warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   # Orbax (the "absl" logger) logs nothing of the failed reads: the one warning says it all.
   assert [r.name for r in caplog.records if r.levelno >= logging.WARNING] == ["seq2seq"]
@@ -312,7 +312,7 @@ def two_steps(tmp_path_factory):
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 2, 1
   workdir = tmp_path_factory.mktemp("two-steps") / "run"
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
   return c, workdir
 
 
@@ -338,7 +338,7 @@ def test_non_finite_loss_stops_before_a_diverged_state_is_saved(two_steps, tmp_p
     section, name = field.split(".")
     diverging[section][name] = value
   with pytest.raises(UserError) as raised:
-    train.train_and_evaluate(diverging, tmp_path)
+    loop.train_and_evaluate(diverging, tmp_path)
   expected = (re.escape(message).replace(r"\{nan\}", "(nan|inf)")
               + re.escape(f"; the last good checkpoint is step {checkpoints[-1]}. Lower"
                           " config.train.learning_rate or raise config.train.warmup_steps."))
@@ -367,7 +367,7 @@ def test_patience_stops_after_evaluations_without_a_better_bleu(tmp_path, tiny_c
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 12, 2
   tiny_config.train.patience = patience
   caplog.set_level(logging.INFO, logger="seq2seq")
-  result = train.train_and_evaluate(tiny_config, tmp_path)
+  result = loop.train_and_evaluate(tiny_config, tmp_path)
   assert result["step"] == stop and result.get("early_stopped", False) == (stop < 12)
   checkpoints = Checkpoints(tmp_path, tiny_config.checkpoint.keep)
   assert checkpoints.latest_step() == stop
@@ -375,7 +375,7 @@ def test_patience_stops_after_evaluations_without_a_better_bleu(tmp_path, tiny_c
   if stop < 12:
     assert (f"Stopped early at step {stop}: validation BLEU has not improved for {patience}"
             f" evaluations (config.train.patience); the best is 7.00 at step 4.") in caplog.text
-    again = train.train_and_evaluate(tiny_config, tmp_path)  # Resuming stops at once.
+    again = loop.train_and_evaluate(tiny_config, tmp_path)  # Resuming stops at once.
     assert again == {"step": stop, "complete": True, "early_stopped": True}
 
 
@@ -383,7 +383,7 @@ def test_a_second_training_in_the_same_workdir_is_refused(tmp_path, tiny_config)
   holder = WorkdirLock(tmp_path)
   holder.acquire()
   with pytest.raises(UserError) as e:
-    train.train_and_evaluate(tiny_config, tmp_path)
+    loop.train_and_evaluate(tiny_config, tmp_path)
   assert str(e.value) == (
       f"{tmp_path} is in use by another training (host {socket.gethostname()}, pid"
       f" {os.getpid()}, holding {tmp_path / '.lock'}); wait for it to finish or stop it, or pass"
@@ -391,12 +391,12 @@ def test_a_second_training_in_the_same_workdir_is_refused(tmp_path, tiny_config)
   holder.release()
   assert not (tmp_path / ".lock").exists()
   tiny_config.train.num_steps = tiny_config.eval.every_steps = 2
-  assert train.train_and_evaluate(tiny_config, tmp_path)["step"] == 2
+  assert loop.train_and_evaluate(tiny_config, tmp_path)["step"] == 2
   assert not (tmp_path / ".lock").exists()
 
 
 def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
-  code = ("import sys, time; from seq2seq.workdirs import WorkdirLock;"
+  code = ("import sys, time; from seq2seq.runs.workdirs import WorkdirLock;"
           f" lock = WorkdirLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True);"
           " time.sleep(120)")
   holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -414,11 +414,11 @@ def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
 def test_resuming_from_an_earlier_checkpoint_logs_each_step_once(tmp_path, tiny_config):
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 6, 3
   tiny_config.train.log_every_steps = 1
-  train.train_and_evaluate(tiny_config, tmp_path)
+  loop.train_and_evaluate(tiny_config, tmp_path)
   shutil.rmtree(tmp_path / "checkpoints" / "6")  # The newest checkpoint is lost: resume at 3.
   with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
     f.write('{"step": 6, "spl')  # A record torn by the kill.
-  train.train_and_evaluate(tiny_config, tmp_path)
+  loop.train_and_evaluate(tiny_config, tmp_path)
   records = [(r["step"], r["split"]) for r in read_metrics(tmp_path)]
   assert [record for record in records if record[1] != "compile"] == [
       (1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"), (5, "train"),
@@ -455,5 +455,5 @@ def test_a_vocabulary_left_by_a_stopped_first_start_is_trained_again(run, tmp_pa
   shutil.copytree(run / "vocab", workdir / "vocab")
   tiny_config.data.vocab_size, tiny_config.train.num_steps = 300, 1
   tiny_config.eval.every_steps = 1
-  train.train_and_evaluate(tiny_config, workdir)
+  loop.train_and_evaluate(tiny_config, workdir)
   assert tokenizer.Tokenizer.load(workdir / "vocab" / "spm.model").vocab_size == 300

@@ -7,9 +7,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from seq2seq import config as config_lib
-from seq2seq import models, train, train_state
-from seq2seq.checkpoint import Checkpoints
-from seq2seq.evaluate import run_evaluation
+from seq2seq import models
+from seq2seq.evaluation.evaluate import run_evaluation
+from seq2seq.runs import train_state
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.training import loop
 from tests.helpers import ROOT, TFDS_EXTRA, load_config, read_metrics
 
 CONFIGS = {"wmt14_ende_transformer_base": (512, 8, 2048, 0.1, 5),
@@ -69,7 +71,7 @@ def test_config_trains_on_mock_wmt14(tmp_path):
   c = _shrunk("wmt14_ende_transformer_base")
   c.eval.beam_size = 1  # Greedy validation compiles faster; the slow test below uses beam 4.
   with tfds.testing.mock_data(num_examples=24):
-    result = train.train_and_evaluate(c, tmp_path)
+    result = loop.train_and_evaluate(c, tmp_path)
   assert result["step"] == 2 and np.isfinite(result["loss"])
   assert Checkpoints(tmp_path, keep=2).all_steps() == [1, 2]  # checkpoint.every_steps=1
   train_records = [r for r in read_metrics(tmp_path) if r["split"] == "train"]
@@ -82,7 +84,7 @@ def test_docstring_evaluation_averages_checkpoints_on_mock_wmt14(tmp_path):
   c = _shrunk("wmt14_ende_transformer_base")
   c.train.num_steps = 3
   with tfds.testing.mock_data(num_examples=24):
-    assert train.train_and_evaluate(c, tmp_path)["step"] == 3
+    assert loop.train_and_evaluate(c, tmp_path)["step"] == 3
     scores, prefix = run_evaluation(tmp_path, split="test", checkpoint="avg:2", beam_size=4,
                                     alpha=0.6, batch_size=8)
   assert 0.0 <= scores["bleu"] <= 100.0

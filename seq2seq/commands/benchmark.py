@@ -10,7 +10,7 @@ the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
 and tokens/s, against decoders that recompute cross-attention keys and values
 every step (as written, which XLA partly hoists out of the loop, and forced to
 run per step), measured in the same process. --profile: where the time of each
-goes (seq2seq/profile.py), one more JSON line per mode and beam.
+goes (seq2seq/performance/profile.py), one more JSON line per mode and beam.
 
   seq2seq-benchmark --mode=padding,compile,calls,seeds,saves \
       --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8] \
@@ -34,9 +34,9 @@ import json
 
 from absl import flags
 
-from seq2seq import benchmark, startup_benchmark
-from seq2seq.cli import define_config_flag, run_main
+from seq2seq.commands.cli import define_config_flag, run_main
 from seq2seq.errors import UserError
+from seq2seq.performance import benchmark, startup
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
                           " padding, compile, calls, seeds, saves (these five of --config's run).")
@@ -121,11 +121,11 @@ def _startup(modes: list[str]) -> None:
                     " --config=configs/<name>.py.")
   ints = lambda values: [int(v) for v in values]  # noqa: E731
   measures = {
-      "padding": lambda config: startup_benchmark.padding_benchmark(config),
-      "compile": lambda config: startup_benchmark.compile_benchmark(config, ints(_THREADS.value)),
-      "calls": lambda config: startup_benchmark.calls_benchmark(config, ints(_CALLS.value)),
-      "saves": lambda config: startup_benchmark.saves_benchmark(config),
-      "seeds": lambda config: startup_benchmark.seeds_benchmark(config, ints(_SEEDS.value)),
+      "padding": lambda config: startup.padding_benchmark(config),
+      "compile": lambda config: startup.compile_benchmark(config, ints(_THREADS.value)),
+      "calls": lambda config: startup.calls_benchmark(config, ints(_CALLS.value)),
+      "saves": lambda config: startup.saves_benchmark(config),
+      "seeds": lambda config: startup.seeds_benchmark(config, ints(_SEEDS.value)),
   }
   for mode, measure in measures.items():
     if mode in modes:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from absl import flags
 
-from seq2seq.cli import run_main
-from seq2seq.compare import compare_runs, parse_test_set
+from seq2seq.commands.cli import run_main
+from seq2seq.compare.comparison import compare_runs, parse_test_set
 from seq2seq.errors import UserError
 
 POSITIONAL = "RUN_DIR ..."  # The runs to compare.

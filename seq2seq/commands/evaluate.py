@@ -19,9 +19,9 @@ import json
 
 from absl import flags
 
-from seq2seq.cli import define_run_flags, run_main
+from seq2seq.commands.cli import define_run_flags, run_main
 from seq2seq.errors import UserError
-from seq2seq.evaluate import run_evaluation, select_checkpoint
+from seq2seq.evaluation.evaluate import run_evaluation, select_checkpoint
 
 _RUN = define_run_flags(ensemble=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")

@@ -9,9 +9,9 @@ with subword labels on the axes.
 
 from absl import flags
 
-from seq2seq.cli import define_run_flags, run_main
-from seq2seq.plots import image_path
-from seq2seq.translator import Translator, plot_alignment
+from seq2seq.commands.cli import define_run_flags, run_main
+from seq2seq.decoding.translator import Translator
+from seq2seq.evaluation.plots import image_path, plot_alignment
 
 _RUN = define_run_flags()
 _TEXT = flags.DEFINE_string("text", None, "The source sentence.", required=True)

@@ -6,7 +6,7 @@ A train step (64 x 32 random tokens, 3+3 layers, d=256) and beam search (32
 sentences, 40 tokens out) of both, interleaved in one process; `train_ratio`
 and `decode_ratio` are the anchor's median time over ours (above 1: faster than
 the anchor). The anchor's two files come from $FLAX_WMT_DIR, or from flax's
-source distribution, downloaded at run time (seq2seq/side_by_side.py).
+source distribution, downloaded at run time (seq2seq/performance/side_by_side.py).
 """
 
 import dataclasses
@@ -14,8 +14,9 @@ import json
 
 from absl import flags
 
-from seq2seq import cli, side_by_side
+from seq2seq.commands import cli
 from seq2seq.errors import UserError
+from seq2seq.performance import side_by_side
 
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed rounds (two train steps and one search).")
 _BEAM = flags.DEFINE_integer("beam", 4, "Beam size of both searches.")

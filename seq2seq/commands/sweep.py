@@ -14,8 +14,8 @@ import sys
 
 from absl import flags
 
-from seq2seq.cli import define_config_flag, run_main
-from seq2seq.sweep import run_sweep
+from seq2seq.commands.cli import define_config_flag, run_main
+from seq2seq.compare.sweep import run_sweep
 
 _CONFIG = define_config_flag()
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeat for a cross product).")

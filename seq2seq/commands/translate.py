@@ -15,10 +15,10 @@ import sys
 
 from absl import flags
 
-from seq2seq.cli import define_run_flags, run_main
+from seq2seq.commands.cli import define_run_flags, run_main
+from seq2seq.data.textio import as_lines, check_output, read_lines, write_lines
+from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
-from seq2seq.textio import as_lines, check_output, read_lines, write_lines
-from seq2seq.translator import Translator
 
 _RUN = define_run_flags(ensemble=True)
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")

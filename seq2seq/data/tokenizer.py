@@ -1,4 +1,4 @@
-"""SentencePiece training and loading, with the special ids of `seq2seq.special_ids` reserved.
+"""SentencePiece training and loading, with the special ids of `seq2seq.data.special_ids` reserved.
 
 One joint (source + target) unigram vocabulary is trained on the training split
 once per run and stored in the workdir, so evaluating a run always uses its own
@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from seq2seq import workdirs
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
-from seq2seq.signals import raise_if_interrupted
-from seq2seq.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.runtime.signals import raise_if_interrupted
 
 # Reservoir-sample at most this many sentences for training: unigram training on
 # a full WMT corpus would take hours and tens of GiB, and gains nothing over a
@@ -162,29 +161,12 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str | Path, vocab_size: 
   return Tokenizer.load(f"{model_prefix}.model")
 
 
-def copy_vocabulary(source: Path, workdir: Path) -> None:
-  """Puts run `source`'s vocabulary in `workdir` (`config.data.vocab_from`): the .vocab first
-  and the .model last, each whole (written under a private name, then renamed)."""
-  model = source / workdirs.VOCAB
-  if not model.is_file():
-    raise UserError(f"config.data.vocab_from={source}: {model} does not exist; pass the workdir"
-                    " of a run that has trained its vocabulary.")
-  Tokenizer.load(model)  # Refuses one that seq2seq did not write.
-  target = workdir / workdirs.VOCAB
-  target.parent.mkdir(parents=True, exist_ok=True)
-  for ext in (".vocab", ".model"):
-    if model.with_suffix(ext).is_file():
-      tmp = target.with_name(f"{target.stem}{ext}.tmp{os.getpid()}")
-      tmp.write_bytes(model.with_suffix(ext).read_bytes())
-      os.replace(tmp, target.with_suffix(ext))
-
-
-def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vocab_size: int,
+def load_or_train(path: str | Path, texts_fn: Callable[[], Iterable[str]], vocab_size: int,
                   seed: int = 0) -> Tokenizer:
-  """Loads `<workdir>/vocab/spm.model`, training it from `texts_fn()` first if missing.
+  """Loads the SentencePiece model `path`, training it from `texts_fn()` first if missing.
 
   Args:
-    workdir: the run's directory.
+    path: the model file (a run's is `<workdir>/vocab/spm.model`, `runs.workdirs.VOCAB`).
     texts_fn: returns the training sentences; only called when training is needed.
     vocab_size: target vocabulary size (soft limit).
     seed: seeds SentencePiece's sampling.
@@ -192,7 +174,7 @@ def load_or_train(workdir: str | Path, texts_fn: Callable[[], Iterable[str]], vo
   Returns:
     The run's tokenizer.
   """
-  path = Path(workdir) / workdirs.VOCAB
+  path = Path(path)
   if path.is_file():
     return Tokenizer.load(path)
   logging.getLogger("seq2seq").info("Training the %d-piece SentencePiece vocabulary on the"

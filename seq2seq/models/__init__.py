@@ -1,5 +1,11 @@
-"""Model families behind one interface (`Seq2SeqModel`); `build_model` picks one by config,
-and `check_config` says what a config asks of its family that the family cannot do."""
+"""Model families behind one interface (`Seq2SeqModel`, `interface`): the Transformer
+(`transformer`) and the attentional RNN (`rnn`), built from shared parts: every attention
+variant (`attention`), masks (`masks`), dropout (`dropout`) and projections (`linear`).
+`build_model` picks a family by config, and `check_config` says what a config asks of its
+family that the family cannot do.
+
+May import: shared, data.
+"""
 
 import jax.numpy as jnp
 import ml_collections

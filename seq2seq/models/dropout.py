@@ -31,7 +31,7 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], keep: float) -> tuple[jax.
   words = -(-size * _BITS // 32)
   if words % 2:  # Threefry-2x32 turns each pair of counters into two words.
     words += 1
-  with jax.named_scope("random_bits"):  # How profiles (seq2seq.profile) recognise it.
+  with jax.named_scope("random_bits"):  # How profiles (seq2seq.performance.profile) recognise it.
     # Block j hashes the counter pair (2j, 2j + 1) into words 2j and 2j + 1 (threefry_2x32
     # pairs its input's halves): each word is a function of the key and its position alone,
     # so a mask's first rows are the same whatever rows follow (filler rows for the devices).

@@ -14,7 +14,7 @@ directly, which is what makes them O(n).
 import jax.numpy as jnp
 from flax import struct
 
-from seq2seq.special_ids import PAD_ID
+from seq2seq.data.special_ids import PAD_ID
 
 
 @struct.dataclass

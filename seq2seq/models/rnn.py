@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from seq2seq.data.special_ids import PAD_ID
 from seq2seq.models import masks
 from seq2seq.models.attention import SCORES, attend
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear
-from seq2seq.special_ids import PAD_ID
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}

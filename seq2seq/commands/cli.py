@@ -1,0 +1,197 @@
+"""What every command shares (seq2seq/commands/): flag helpers, and user errors as one line,
+not a traceback."""
+
+import inspect
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import ml_collections
+from absl import flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from seq2seq import config as config_lib
+from seq2seq.errors import UserError, file_fault
+from seq2seq.runtime import compiling, signals
+from seq2seq.runtime.signals import Interrupted
+
+flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error (still status 2).")
+
+
+def _one_line(error: Exception) -> str:
+  """The message on one line, whatever a library put in it."""
+  return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+class _ConfigFileParser(flags.ArgumentParser):
+  """Parses config_flags' `--config=FILE[:ARG]`, but the file runs once, and a mistake in it
+  is a `UserError` naming the file and line (`config.load_config_file`)."""
+
+  def parse(self, argument):
+    config = load_config_file(argument)
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return "config object"
+
+
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
+                       sys_argv: list[str] | None = None) -> flags.FlagHolder:
+  """`--config=FILE[:ARG]` with `--config.<field>=VALUE` overrides, as config_flags defines
+  it (overrides are read from `sys_argv`, by default `sys.argv` at parse time)."""
+  holder = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                           flag_values=flag_values, lock_config=True,
+                                           sys_argv=sys_argv)
+  flag_values["config"].parser = _ConfigFileParser()
+  return holder
+
+
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
+                positional: str = "") -> list[str]:
+  """`app.run`'s flags parser: a bad flag is `error: <message>` and status 2, too, and so is
+  an argument that is not a flag, unless the command takes `positional` ones (named so).
+  --help prints the usage and exits 0.
+
+  `--config.<field>` overrides are checked against the base config first, so an
+  unknown field or a value of the wrong type names the flag and the fix instead
+  of ending in config_flags' traceback.
+  """
+  signals.catch_interrupts()  # From here on, before the slow parts (config files, start-up).
+  try:
+    for i, arg in enumerate(argv[1:], start=1):
+      if arg == "--":
+        break
+      if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
+        config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
+    try:
+      rest = flag_values(argv)
+    except SystemExit as e:  # absl's --help prints the usage, then exits 1.
+      sys.exit(0 if e.code == 1 and set(HELP_FLAGS) & set(argv[1:]) else e.code)
+    if len(rest) > 1 and not positional:
+      raise UserError(f"unexpected argument {rest[1]!r}: this command takes flags only"
+                      f" (--name=value); see {Path(rest[0]).name} --help.")
+    return rest
+  except (UserError, flags.Error) as e:
+    _user_error(e, "--verbose" in argv)
+
+
+def _verbose() -> bool:
+  return flags.FLAGS.is_parsed() and flags.FLAGS.verbose
+
+
+def _user_error(error: Exception, verbose: bool) -> None:
+  """Exits with status 2 after one line `error: <message>` (and, `verbose`, the traceback)."""
+  if verbose:
+    traceback.print_exception(error)
+  print(f"error: {_one_line(error)}", file=sys.stderr)
+  sys.exit(2)
+
+
+def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
+  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2, and so
+  does a full disk or a read-only destination (`errors.file_fault`).
+
+  SIGINT/SIGTERM print `stopped by <signal>; <interrupted>: the same command starts again.`
+  and exit with status 130.
+  """
+  # orbax and JAX log every save at INFO through absl; keep the console for progress.
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  handler = logging.StreamHandler(sys.stderr)
+  handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  logger = logging.getLogger("seq2seq")
+  logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False
+  signals.catch_interrupts()
+  try:
+    compiling.enable_cache()
+    fn()
+  except UserError as e:
+    _user_error(e, _verbose())
+  except Exception as e:  # A full disk or a read-only path, wherever the write was.
+    fault = file_fault(e)
+    if fault is None:
+      raise
+    _user_error(fault, _verbose())
+  except (Interrupted, KeyboardInterrupt) as e:
+    name = str(e) or "SIGINT"
+    print(f"stopped by {name}; {interrupted}: the same command starts again.", file=sys.stderr)
+    # Every `finally` has run. Native threads may still be busy (SentencePiece training,
+    # XLA), and the interpreter's shutdown can crash under them: leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
+  """The flags of every command that decodes with a run: workdir, checkpoint, search; and,
+  where ensembles decode (`ensemble`), --ensemble."""
+  flags_ = {} if not ensemble else {"ensemble": flags.DEFINE_list(
+      "ensemble", [], "Other runs (comma-separated workdirs) decoding with --workdir's as one"
+      " model: the mean of their log-probabilities at every step; each at the --checkpoint it"
+      " names for it. They must share --workdir's vocabulary.")}
+  return {**flags_,
+      "workdir": flags.DEFINE_string("workdir", None, "Directory of a training run.",
+                                     required=True),
+      "checkpoint": flags.DEFINE_string(
+          "checkpoint", "best", "best, latest, a step, avg:N, selected (chosen on validation by"
+          " seq2seq-evaluate --checkpoint=best,avg:N --split=val), or ensemble:N (the last N"
+          " checkpoints as an ensemble)."),
+      "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
+      "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),
+  }
+
+
+def _check_config_arg(spec: str, get_config, arg: str) -> None:
+  """Raises `UserError` if `--config=FILE[:ARG]` passes an argument that get_config() does
+  not take, or none where it needs one."""
+  try:
+    inspect.signature(get_config).bind(*([arg] if arg else []))
+  except TypeError:
+    path = spec.partition(":")[0]
+    if arg:
+      raise UserError(f"--config={spec} passes {arg!r} to get_config(), which takes no"
+                      f" argument in {path}; drop ':{arg}' and set fields with"
+                      " --config.<field>=VALUE instead.") from None
+    raise UserError(f"get_config() in {path} needs an argument; pass it as"
+                    f" --config={path}:ARG.") from None
+  except ValueError:
+    return  # No signature to read (a builtin): let the call say.
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Runs `--config=FILE[:ARG]`'s `get_config(ARG)` once, as config_flags would, but a
+  mistake in the file is a `UserError` naming the file and line, not a traceback."""
+  path, _, arg = spec.partition(":")  # config_flags takes FILE[:ARG].
+  if not Path(path).is_file():
+    raise UserError(f"--config={path} is not a file; pass an experiment config such as"
+                    " --config=configs/tiny.py.")
+  try:
+    code = compile(Path(path).read_bytes(), path, "exec")
+  except SyntaxError as e:
+    raise UserError(f"{path}:{e.lineno}: {e.msg}; fix the config file's syntax.") from e
+  namespace = {"__name__": Path(path).stem, "__file__": path}
+  try:
+    exec(code, namespace)  # noqa: S102 (the user's own experiment file, as config_flags runs it)
+    get_config = namespace.get("get_config")
+    if not callable(get_config):
+      raise UserError(f"{path} defines no get_config(); an experiment config returns its"
+                      " ConfigDict from get_config() (see configs/tiny.py).")
+    _check_config_arg(spec, get_config, arg)
+    config = get_config(arg) if arg else get_config()
+  except UserError:
+    raise
+  except Exception as e:
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+    at = f"{path}:{lines[-1]}" if lines else path
+    raise UserError(f"{at}: {type(e).__name__}: {e} (raised while loading the config);"
+                    " fix the config file.") from e
+  config_lib.check_structure(config, f"{path}'s get_config()")
+  return config

@@ -1,0 +1,248 @@
+"""Compare runs: a table of scores with paired-bootstrap significance, and pictures.
+
+`compare_runs(run_dirs, out_dir)` evaluates each run's best checkpoint on
+validation and the chosen split (evaluations.py, which caches the evaluations),
+tests every run against the baseline with sacreBLEU's paired bootstrap
+resampling and aggregates seeds (stats.py), and writes comparison.md,
+comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png, bleu.png,
+curves.png and attention.png (report.py).
+Every run is checked, its training record and its test sets read, before
+anything is evaluated or written: a mistake costs no decoding and leaves no file.
+"""
+
+import json
+import logging
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import ml_collections
+import numpy as np
+
+from seq2seq.compare import report
+from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
+from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
+from seq2seq.data.textio import read_lines
+from seq2seq.decoding.translator import Translator, check_search
+from seq2seq.errors import UserError
+from seq2seq.runs import workdirs
+
+log = logging.getLogger("seq2seq")
+
+FIXED_COLUMNS = ["parameters", "steps", "train_minutes", "tokens_per_sec"]
+
+
+def parse_test_set(spec: str) -> TestSet:
+  """"NAME=SRC,REF" (the `--test_set` flag) -> TestSet."""
+  name, sep, files = spec.partition("=")
+  src, comma, ref = files.partition(",")
+  if not (sep and comma and name and src and ref) or "," in ref:
+    raise UserError(f"--test_set={spec} is not NAME=SRC,REF; e.g."
+                    " --test_set=test2017=data/test_2017.en,data/test_2017.de.")
+  if name in ("val", "test", "train"):
+    raise UserError(f"--test_set={spec}: {name!r} is a split of the runs' corpus; give the files"
+                    " another name.")
+  for path in (src, ref):
+    if not Path(path).is_file():
+      raise UserError(f"--test_set={spec}: {path} is not a file; pass an existing text file.")
+  lines = [len(read_lines(path, "--test_set")) for path in (src, ref)]
+  if lines[0] != lines[1]:  # Before anything is decoded or cached.
+    raise UserError(f"--test_set={spec}: {src} has {lines[0]} lines but {ref} has {lines[1]};"
+                    " pass a reference line for every source line.")
+  return TestSet(name, src, ref)
+
+
+def flat_config(config) -> dict[str, object]:
+  """{"model.num_heads": 4, ...} of a run's config (sections of plain fields)."""
+  config = config.to_dict() if hasattr(config, "to_dict") else config
+  return {f"{section}.{key}": value for section, fields in config.items()
+          for key, value in fields.items()}
+
+
+def differing_fields(configs: Sequence) -> list[str]:
+  """The dotted config fields whose values are not the same in every run, in config order."""
+  flat = [flat_config(c) for c in configs]
+  names = list(dict.fromkeys(name for f in flat for name in f))
+  return [n for n in names if len({json.dumps(f.get(n), sort_keys=True) for f in flat}) > 1]
+
+
+def run_names(run_dirs: Sequence[str | Path]) -> list[str]:
+  """Each run's name in the table: its path relative to the runs' common parent (`a/s0` and
+  `b/s0` stay apart); one run alone is named by its directory."""
+  resolved = [Path(w).resolve() for w in run_dirs]
+  if len(resolved) == 1:
+    return [resolved[0].name]
+  common = Path(os.path.commonpath(resolved))
+  if common in resolved:  # One run inside another: name both below the outer one's parent.
+    common = common.parent
+  return [p.relative_to(common).as_posix() for p in resolved]
+
+
+class _Run(NamedTuple):
+  """A compared run: its workdir, its name in the table, its config and training record."""
+  workdir: Path
+  name: str
+  config: ml_collections.ConfigDict
+  record: dict  # `_training_record`
+
+
+def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
+                 split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
+                 alpha: float = 0.6, n_samples: int = 1000,
+                 attention_text: str = "A man in an orange hat starring at something.") -> list:
+  """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
+
+  Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
+  each extra test set; the table's columns are the config fields that differ
+  between the runs, and per set its BLEU, chrF, 95% bootstrap interval and
+  paired-bootstrap p-value against the baseline. Runs are named by their path
+  below the runs' common parent (`run_names`).
+  """
+  runs = _runs(run_dirs, baseline, beam_size, alpha)
+  fields = differing_fields([run.config for run in runs])
+  sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
+  texts = _texts(runs, sets)
+  rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
+  _add_significance(rows, sets, hyps, texts, n_samples)
+  columns = ["run", *fields, *FIXED_COLUMNS] + [
+      f"{ts.name}_{c}" for ts in sets for c in ("bleu", "chrf", "bleu_ci95", "p_value")]
+  seeds = seed_aggregate(rows, fields, [ts.name for ts in sets], runs[0].name)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  report.write_tables(out_dir, rows, columns, seeds, runs[0].name, n_samples)
+  report.write_lengths(out_dir, rows, texts[split], hyps[split],
+                               ylabel=f"{split} BLEU (beam {beam_size})")
+  report.write_charts(out_dir, rows, split, beam_size,
+                              {run.name: run.record["curve"] for run in runs})
+  report.write_attention(out_dir, translators, attention_text)
+  return rows
+
+
+def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
+          alpha: float) -> list[_Run]:
+  """The runs to compare, the baseline first (`baseline`, or the first of `run_dirs`), each
+  checked and its config and training record read before anything is written."""
+  run_dirs = _check_runs(run_dirs)
+  if baseline and not (Path(baseline) / workdirs.CONFIG).exists():
+    raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
+                    " the compared workdirs.")
+  check_search(beam_size, alpha)  # Before --out is created.
+  baseline = Path(baseline) if baseline else run_dirs[0]
+  run_dirs = [baseline] + [w for w in run_dirs if w.resolve() != baseline.resolve()]
+  names = run_names(run_dirs)
+  configs = [workdirs.read_run_config(w)
+             for w in run_dirs]
+  records = [_training_record(w) for w in run_dirs]
+  return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]
+
+
+def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
+  """The given run workdirs, each once; a path that is not a run is a `UserError` naming it."""
+  if not run_dirs:
+    raise UserError("No training runs among the given directories; pass run workdirs.")
+  bad = [f"{w} ({_not_a_run(Path(w))})" for w in run_dirs
+         if not (Path(w) / workdirs.CONFIG).is_file()]
+  if bad:
+    what = "Not a training run" if len(bad) == 1 else "Not training runs"
+    raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that seq2seq-train"
+                    " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
+  unique = {}
+  for w in run_dirs:
+    unique.setdefault(Path(w).resolve(), Path(w))
+  return list(unique.values())
+
+
+def _not_a_run(path: Path) -> str:
+  if not path.exists():
+    return "does not exist"
+  return "no config.json" if path.is_dir() else "not a directory"
+
+
+def _training_record(workdir: Path) -> dict:
+  path = workdir / workdirs.METRICS
+  if not path.is_file():
+    raise UserError(f"{workdir} has no validation result yet ({path} does not exist); train it"
+                    " first.")
+  lines = path.read_text(encoding="utf-8").splitlines()
+  records = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      records.append(json.loads(line))
+    except ValueError as e:
+      if number < len(lines):
+        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}); repair or delete"
+                        " that line.") from None
+      log.warning("%s: its last line was cut off (the run was stopped while writing it?) and is"
+                  " skipped.", path)
+  train = [r for r in records if r["split"] == "train"]
+  val = [r for r in records if r["split"] != "train" and "bleu" in r]
+  if not val:
+    raise UserError(f"{workdir} has no validation result yet; train it first.")
+  return {"steps": val[-1]["step"], "train_minutes": val[-1]["train_wall_seconds"] / 60,
+          "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in train),
+          "curve": [(r["step"], r["bleu"], r["loss"]) for r in val]}
+
+
+def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:
+  """Each set's (sources, references), read once per corpus config. Each run is evaluated on
+  its own corpus: one that gives other sentences than the baseline's is a `UserError`."""
+  read = {}
+
+  def text(run: _Run, ts: TestSet) -> tuple[list[str], list[str]]:
+    corpus = "" if ts.src_file else json.dumps(run.config.data.to_dict(), sort_keys=True)
+    if (corpus, ts) not in read:
+      read[corpus, ts] = read_test_set(run.config, ts)
+    return read[corpus, ts]
+
+  texts = {ts.name: text(runs[0], ts) for ts in sets}
+  for run in runs:
+    for ts in sets:
+      if text(run, ts) != texts[ts.name]:
+        raise UserError(f"{run.workdir} has other {ts.name} sentences than the baseline"
+                        f" {runs[0].workdir} (their config.data differs); compare runs of one"
+                        " corpus.")
+  return texts
+
+
+def _score(runs: list[_Run], fields: list[str], sets: list[TestSet], texts: dict,
+           beam_size: int, alpha: float) -> tuple[list[dict], dict, dict[str, Translator]]:
+  """Each run's row (its differing config fields, size, training record and scores per set),
+  its hypotheses per set (`hyps[set][run]`) and its translator (by run name)."""
+  rows, hyps, translators = [], defaultdict(dict), {}
+  for run in runs:
+    translator = translators[run.name] = Translator(run.workdir, "best", beam_size=beam_size,
+                                                    alpha=alpha)
+    flat = flat_config(run.config)
+    record = {key: value for key, value in run.record.items() if key != "curve"}
+    row = {"run": run.name, **{f: flat.get(f) for f in fields},
+           "parameters": _num_params(translator), **record}
+    for ts in sets:
+      scores, hyps[ts.name][run.name] = evaluation(run.workdir, ts, beam_size, alpha,
+                                                   translator, texts[ts.name])
+      row[f"{ts.name}_bleu"], row[f"{ts.name}_chrf"] = scores["bleu"], scores["chrf"]
+      row["bleu_signature"] = scores["bleu_signature"]
+    rows.append(row)
+  return rows, hyps, translators
+
+
+def _num_params(translator: Translator) -> int:
+  import jax
+
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(translator.params)))
+
+
+def _add_significance(rows: list[dict], sets: list[TestSet], hyps: dict, texts: dict,
+                      n_samples: int) -> None:
+  """Adds to each row, per set, the 95% interval of its BLEU and the paired-bootstrap p-value
+  against the baseline (the first row; None for it)."""
+  base = rows[0]["run"]
+  for ts in sets:
+    significance = paired_bootstrap(hyps[ts.name][base],
+                                    {r["run"]: hyps[ts.name][r["run"]] for r in rows[1:]},
+                                    texts[ts.name][1], n_samples)
+    for row in rows:
+      row[f"{ts.name}_bleu_ci95"], row[f"{ts.name}_p_value"] = significance[
+          "baseline" if row["run"] == base else row["run"]]

@@ -1,0 +1,7 @@
+"""Translating with trained parameters: greedy, beam and sampling search over any model's
+`decode_step` (`search`), several models decoding as one (`ensemble`), and the `Translator`
+that loads a run's checkpoint and turns text into text in compiled, bucketed shapes
+(`translator`).
+
+May import: shared, runtime, data, models, runs.
+"""

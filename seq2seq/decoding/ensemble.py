@@ -1,0 +1,89 @@
+"""Several models decoding as one: at every step, the mean of their log-probabilities.
+
+`Ensemble` has the decoding side of the model interface (`encode`, `init_cache`,
+`decode_step`), so every search strategy (`search.generate`) runs it unchanged. Members
+that share an architecture form a group: their parameter sets are stacked
+along a leading axis, and the group's every call is one `jax.vmap` over it;
+groups of different architectures follow each other in the same program.
+Each member keeps its own memory and cache.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seq2seq.decoding import search
+
+
+def stack(params: Sequence) -> object:
+  """Parameter trees of one architecture -> one tree with a leading member axis."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+
+
+class Memory(NamedTuple):
+  """Per group, its members' memories stacked along a leading axis."""
+  groups: tuple
+
+  def for_beams(self, beam_size: int) -> "Memory":
+    """Each member's memory expanded as `search.expand_to_beams` expands one model's."""
+    return Memory(tuple(jax.vmap(lambda m: search.expand_to_beams(m, beam_size))(memory)
+                        for memory in self.groups))
+
+
+class Cache(NamedTuple):
+  """Per group, its members' caches stacked along a leading axis."""
+  groups: tuple
+
+  def select(self, rows: jnp.ndarray) -> "Cache":
+    """The cache of hypotheses `rows` (beam search's reordering), member by member
+    (`search.select_rows` of each)."""
+    return type(self)(tuple(jax.vmap(lambda c: search.select_rows(c, rows))(cache)
+                            for cache in self.groups))
+
+
+class ResizableCache(Cache):
+  """A `Cache` whose every member can be resized: beam search grows it in phases."""
+
+  def resized(self, length: int) -> "ResizableCache":
+    return ResizableCache(tuple(jax.vmap(lambda c: c.resized(length))(cache)
+                                for cache in self.groups))
+
+
+class Ensemble:
+  """Models as one decoder.
+
+  Args:
+    graphdefs: per group, the architecture (`nnx.split`'s graph definition).
+    params: per group, its members' parameters stacked (`stack`).
+  """
+
+  def __init__(self, graphdefs: Sequence, params: Sequence):
+    self._groups = list(zip(graphdefs, params, strict=True))
+
+  def encode(self, src_ids: jnp.ndarray) -> Memory:
+    return Memory(tuple(jax.vmap(lambda p, g=graphdef: nnx.merge(g, p).encode(src_ids))(params)
+                        for graphdef, params in self._groups))
+
+  def init_cache(self, memory: Memory, max_len: int) -> Cache:
+    caches = tuple(jax.vmap(lambda p, m, g=graphdef: nnx.merge(g, p).init_cache(m, max_len))(
+        params, group_memory) for (graphdef, params), group_memory in zip(
+            self._groups, memory.groups, strict=True))
+    resizable = all(hasattr(cache, "resized") for cache in caches)
+    return (ResizableCache if resizable else Cache)(caches)
+
+  def decode_step(self, memory: Memory, cache: Cache,
+                  token_ids: jnp.ndarray) -> tuple[jnp.ndarray, Cache]:
+    """The mean of the members' log-probabilities `[batch, vocab]`, and the next cache."""
+    log_probs, caches = [], []
+    for (graphdef, params), group_memory, group_cache in zip(
+        self._groups, memory.groups, cache.groups, strict=True):
+      def step(p, m, c, g=graphdef):
+        logits, c = nnx.merge(g, p).decode_step(m, c, token_ids)
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), c
+      group_log_probs, group_cache = jax.vmap(step)(params, group_memory, group_cache)
+      log_probs.append(group_log_probs)
+      caches.append(group_cache)
+    return jnp.concatenate(log_probs).mean(axis=0), type(cache)(tuple(caches))

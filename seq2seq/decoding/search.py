@@ -1,0 +1,351 @@
+"""Search over a step function: the decoder is seen only through `step_fn`.
+
+`step_fn(cache, token_ids [batch]) -> (logits [batch, vocab], cache)` is any
+model's `decode_step` with its encoder memory bound, e.g.
+`functools.partial(model.decode_step, memory)`. Loops run under
+`lax.while_loop` so a whole batch decodes inside one compiled program.
+
+A search strategy is a small frozen value: `Greedy()`, `Beam(beam_size, alpha,
+nbest)` or `Sampling(seed, temperature, top_k)`. Strategies are hashable, so a
+jitted search closes over one as a constant; `generate(model, src_ids, strategy,
+max_len=...)` encodes once and decodes with it.
+"""
+
+import dataclasses
+import functools
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
+
+
+def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick) -> jnp.ndarray:
+  """Extends one hypothesis per sentence by the token `pick` chooses, until EOS or `max_len`.
+
+  Args:
+    step_fn: see the module docstring.
+    cache: the model's initial cache for this batch (room for `max_len` steps).
+    batch_size: number of sentences.
+    max_len: most tokens to produce per sentence (EOS included).
+    pick: `(logits [batch, vocab], step) -> token ids [batch]` (`Greedy.pick`, `Sampling.pick`).
+
+  Returns:
+    `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD.
+  """
+
+  def cond(carry):
+    i, _, _, _, finished = carry
+    return (i < max_len) & ~jnp.all(finished)
+
+  def body(carry):
+    i, cache, tokens, last, finished = carry
+    logits, cache = step_fn(cache, last)
+    next_ids = pick(logits, i).astype(jnp.int32)
+    next_ids = jnp.where(finished, PAD_ID, next_ids)
+    tokens = tokens.at[:, i].set(next_ids)
+    return i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID)
+
+  init = (jnp.zeros((), jnp.int32), cache, jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
+          jnp.full((batch_size,), BOS_ID, jnp.int32), jnp.zeros((batch_size,), bool))
+  return jax.lax.while_loop(cond, body, init)[2]
+
+
+def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
+  """The most likely token at every step (`token_by_token` with `Greedy.pick`): `[batch,
+  max_len]` ids."""
+  return token_by_token(step_fn, cache, batch_size, max_len, Greedy.pick)
+
+
+def max_decode_len(src_len: int, a: float, b: int, limit: int) -> int:
+  """Longest hypothesis for a padded source length: `a * src_len + b`, at most `limit`."""
+  return max(1, min(int(a * src_len + b), limit))
+
+
+def length_penalty(length, alpha: float):
+  """GNMT length penalty (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
+  """Repeats every batch-major array of a memory/cache pytree `beam_size` times.
+
+  `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent;
+  scalars (positions, step counters) are shared and left as they are. A memory
+  with a `for_beams(beam_size)` method expands itself instead (the Transformer's
+  keeps one copy of what the beams only read), unless `copy_all` asks for a copy
+  of everything per beam (a decoder without shared memory: the benchmark's
+  baselines).
+  """
+  if hasattr(tree, "for_beams") and not copy_all:
+    return tree.for_beams(beam_size)
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
+
+
+def select_rows(cache, rows: jnp.ndarray):
+  """The cache of the hypotheses `rows` (`[batch * beam]` indices): every batch-major array
+  gathered, scalars left as they are. A cache with a `select(rows)` method (an ensemble's,
+  whose arrays lead with a member axis) reorders itself."""
+  if hasattr(cache, "select"):
+    return cache.select(rows)
+  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], cache)
+
+
+def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
+  """The cache sizes beam search decodes with, one phase each: `max_len` halved while
+  the half holds at least `shortest` tokens, smallest first (40: 20, 40; 150: 18, 37, 75, 150).
+
+  Every beam-search step copies the whole cache (each hypothesis takes its
+  parent's keys and values), and self-attention reads all of it; a cache sized
+  for `max_len` from the first step copies and reads slots that nothing has
+  written yet. Each phase costs one more compiled copy of the step, so phases
+  are no shorter than `shortest` steps: shorter ones cost more compile time
+  than they save (docs/performance.md).
+  """
+  lengths = [max_len]
+  while lengths[0] // 2 >= shortest:
+    lengths.insert(0, lengths[0] // 2)
+  return tuple(lengths)
+
+
+def chunked_top_k(x: jnp.ndarray, k: int, chunk: int = 128) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """`jax.lax.top_k` of `x [rows, n]`, searching only the chunks that can hold a winner.
+
+  Every one of the k best lies in a chunk of `chunk` neighbours whose maximum is
+  among the k best chunk maxima, so one vectorised max over all of `x` and a
+  top_k over `k * chunk` candidates replace XLA:CPU's TopK over all n, which is
+  several times slower on beam search's `[batch, beam * vocab]`.
+  Values and indices equal `jax.lax.top_k`'s, ties included (lower index first):
+  the chosen chunks are kept in index order.
+  """
+  rows, n = x.shape
+  if n <= 2 * k * chunk:
+    return jax.lax.top_k(x, k)
+  x = jnp.pad(x, ((0, 0), (0, -n % chunk)), constant_values=-jnp.inf)
+  chunks = x.reshape(rows, -1, chunk)
+  best_chunks = jnp.sort(jax.lax.top_k(chunks.max(axis=-1), k)[1], axis=-1)  # [rows, k]
+  candidates = jnp.take_along_axis(chunks, best_chunks[:, :, None], axis=1).reshape(rows, -1)
+  values, index = jax.lax.top_k(candidates, k)
+  return values, jnp.take_along_axis(best_chunks, index // chunk, axis=1) * chunk + index % chunk
+
+
+class BeamState(NamedTuple):
+  """Beam search's loop state for `b` sentences of `k` beams (a pytree)."""
+  step: jnp.ndarray  # Scalar int32: tokens produced so far.
+  cache: Any  # The model's cache of the `b * k` live hypotheses.
+  last: jnp.ndarray  # [b, k] int32: each live hypothesis' last token.
+  alive_seq: jnp.ndarray  # [b, k, max_len] int32: the live hypotheses, PAD after `step`.
+  alive_log_probs: jnp.ndarray  # [b, k] float32: their log-probabilities, best first.
+  finished_seq: jnp.ndarray  # [b, k, max_len] int32: the best hypotheses ended by EOS.
+  finished_scores: jnp.ndarray  # [b, k] float32: theirs, length-normalized (NEG_INF: none).
+
+  @classmethod
+  def initial(cls, cache, batch_size: int, beam_size: int, max_len: int) -> "BeamState":
+    """Before the first token: only the first beam is live, so the `beam_size` beams do not
+    all repeat one hypothesis."""
+    b, k = batch_size, beam_size
+    empty = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+    alive_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))
+    return cls(step=jnp.zeros((), jnp.int32), cache=cache,
+               last=jnp.full((b, k), BOS_ID, jnp.int32), alive_seq=empty,
+               alive_log_probs=alive_log_probs, finished_seq=empty,
+               finished_scores=jnp.full((b, k), NEG_INF, jnp.float32))
+
+
+def _gather_beams(x: jnp.ndarray, beam_index: jnp.ndarray) -> jnp.ndarray:
+  """Picks `beam_index [b, n]` out of `x [b, k, ...]`."""
+  return jnp.take_along_axis(x, beam_index.reshape(beam_index.shape + (1,) * (x.ndim - 2)),
+                             axis=1)
+
+
+def _can_improve(state: BeamState, end: int, max_len: int, alpha: float, nbest: int):
+  """Whether to take another step: before `end`, while some sentence's best live hypothesis
+  can still beat its `nbest`-th finished one. With alpha >= 0 a live score can only fall, to
+  at best `log_prob / length_penalty(max_len)`."""
+  best_possible = state.alive_log_probs[:, 0] / length_penalty(max_len, alpha)
+  return (state.step < end) & jnp.any(best_possible > state.finished_scores[:, nbest - 1])
+
+
+def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
+  """Extends every live beam by every token and keeps the `2 * k` best extensions: those
+  ending in EOS join the finished set, the best `k` others stay live."""
+  b, k = state.last.shape
+  i = state.step
+  logits, cache = step_fn(state.cache, state.last.reshape(b * k))
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+  vocab = log_probs.shape[-1]
+  candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
+  top_log_probs, top_index = chunked_top_k(candidates, 2 * k)  # [b, 2k]
+  top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+  top_seq = _gather_beams(state.alive_seq, top_beam).at[:, :, i].set(top_token)
+  is_eos = top_token == EOS_ID
+
+  # Live: the best k extensions that did not end.
+  alive_log_probs, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_log_probs), k)
+  flat_beams = (jnp.arange(b)[:, None] * k + _gather_beams(top_beam, keep)).reshape(b * k)
+
+  # Finished: merge the new EOS extensions into the best k so far.
+  new_scores = jnp.where(is_eos, top_log_probs / length_penalty(i + 1.0, alpha), NEG_INF)
+  scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
+  seqs = jnp.concatenate([state.finished_seq, top_seq], axis=1)
+  finished_scores, best = jax.lax.top_k(scores, k)
+  return BeamState(step=i + 1, cache=select_rows(cache, flat_beams),
+                   last=_gather_beams(top_token, keep), alive_seq=_gather_beams(top_seq, keep),
+                   alive_log_probs=alive_log_probs, finished_seq=_gather_beams(seqs, best),
+                   finished_scores=finished_scores)
+
+
+def _nbest(state: BeamState, alpha: float, nbest: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """The `nbest` best hypotheses per sentence and their scores: finished ones first; a
+  sentence with fewer than `nbest` of them (max_len reached) is completed with live ones,
+  scored as if they ended there."""
+  alive_final = state.alive_log_probs / length_penalty(state.step.astype(jnp.float32), alpha)
+  finished = state.finished_scores > NEG_INF / 2
+  scores = jnp.concatenate([state.finished_scores, alive_final], axis=1)
+  rank = scores + jnp.concatenate([jnp.where(finished, 0.0, 2 * NEG_INF),
+                                   jnp.full_like(alive_final, NEG_INF)], axis=1)
+  _, best = jax.lax.top_k(rank, nbest)
+  seqs = jnp.concatenate([state.finished_seq, state.alive_seq], axis=1)
+  return _gather_beams(seqs, best), _gather_beams(scores, best)
+
+
+def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int,
+                alpha: float, nbest: int = 1) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Beam search with the GNMT length penalty and early stopping.
+
+  Each step extends every live beam by every token and keeps the `2 * beam`
+  best extensions: those ending in EOS join the finished set (scored by
+  log-probability / length_penalty), the best `beam` others stay live. The
+  search stops once no live beam can beat the `nbest`-th finished hypothesis
+  of any sentence (with alpha >= 0 a live score can only fall below
+  `log_prob / length_penalty(max_len)`), or after `max_len` steps.
+
+  A cache with a `resized(length)` method (the Transformer's) is grown in
+  phases (`cache_lengths`): each phase is its own loop over a cache of fixed
+  size. The unwritten slots it leaves out are masked anyway, so the search
+  finds what one loop over the full cache finds (scores may differ in the last
+  bit: attention sums the same terms over fewer slots).
+
+  Args:
+    step_fn: see the module docstring; works on `batch * beam` rows.
+    cache: the initial cache, already expanded with `expand_to_beams` (room for
+      `max_len` tokens; a resizable one may be any size).
+    batch_size: number of sentences.
+    max_len: most tokens per hypothesis (EOS included).
+    beam_size: live hypotheses per sentence.
+    alpha: length-penalty exponent (0: plain log-probability).
+    nbest: hypotheses returned per sentence (at most `beam_size`).
+
+  Returns:
+    (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD;
+     scores `[batch, nbest]`: length-normalized log-probabilities). Finished
+    hypotheses come first, best first; unfinished ones (cut at max_len) only
+    fill the list when fewer than `nbest` finished.
+  """
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}.")
+  state = BeamState.initial(cache, batch_size, beam_size, max_len)
+  body = functools.partial(_beam_step, step_fn, alpha)
+  resizable = hasattr(cache, "resized")
+  for length in cache_lengths(max_len) if resizable else (max_len,):
+    if resizable:
+      state = state._replace(cache=state.cache.resized(length))
+    cond = functools.partial(_can_improve, end=length, max_len=max_len, alpha=alpha,
+                             nbest=nbest)
+    state = jax.lax.while_loop(cond, body, state)
+  return _nbest(state, alpha, nbest)
+
+
+class _OneHypothesis:
+  """A strategy that extends one hypothesis per sentence by the token `pick` chooses."""
+  nbest: ClassVar[int] = 1
+
+  def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
+    raise NotImplementedError
+
+  def prepare(self, memory):
+    """The encoder memory as `search` decodes it: one row per sentence."""
+    return memory
+
+  def search(self, step_fn, cache, batch_size: int,
+             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ids `[batch, 1, max_len]` and scores `[batch, 1]`, all 0: the log-probability of a
+    picked hypothesis is not tracked."""
+    ids = token_by_token(step_fn, cache, batch_size, max_len, self.pick)
+    return ids[:, None], jnp.zeros((batch_size, 1), jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy(_OneHypothesis):
+  """The most likely token at every step."""
+
+  @staticmethod
+  def pick(logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
+    del step
+    return jnp.argmax(logits, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling(_OneHypothesis):
+  """Each token drawn from softmax(logits / `temperature`), among the `top_k` most likely
+  (0: all); `seed` fixes the draws, so the same seed gives the same samples."""
+  seed: int
+  temperature: float = 1.0
+  top_k: int = 0
+
+  def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
+    logits = logits.astype(jnp.float32) / self.temperature
+    if self.top_k:
+      kth_best = jax.lax.top_k(logits, self.top_k)[0][:, -1:]
+      logits = jnp.where(logits < kth_best, -jnp.inf, logits)
+    key = jax.random.fold_in(jax.random.key(self.seed), step)
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Beam:
+  """`beam_search` with `beam_size` live hypotheses per sentence, length-penalty exponent
+  `alpha`, returning the `nbest` best."""
+  beam_size: int
+  alpha: float
+  nbest: int = 1
+
+  def __post_init__(self):
+    if not 1 <= self.nbest <= self.beam_size:
+      raise ValueError(f"nbest={self.nbest} must be between 1 and beam_size={self.beam_size}.")
+
+  def prepare(self, memory):
+    """The encoder memory as `search` decodes it: `beam_size` rows per sentence."""
+    return expand_to_beams(memory, self.beam_size)
+
+  def search(self, step_fn, cache, batch_size: int,
+             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
+    return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
+                       alpha=self.alpha, nbest=self.nbest)
+
+
+Strategy = Greedy | Sampling | Beam
+
+
+def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *,
+             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Encodes once and decodes with `strategy`.
+
+  Args:
+    model: any model family (the shared encode / init_cache / decode_step interface), or an
+      `ensemble.Ensemble`.
+    src_ids: `[batch, src_len]`.
+    strategy: `Greedy()`, `Beam(...)` or `Sampling(...)`.
+    max_len: most output tokens per sentence (EOS included).
+
+  Returns:
+    ids `[batch, nbest, max_len]` and scores `[batch, nbest]` (`strategy.nbest`; greedy and
+    sampling do not track the log-probability, so their scores are 0).
+  """
+  memory = strategy.prepare(model.encode(src_ids))
+  return strategy.search(functools.partial(model.decode_step, memory),
+                         model.init_cache(memory, max_len), src_ids.shape[0], max_len)

@@ -1,0 +1,351 @@
+"""Translating with a run: `Translator` loads what a workdir holds (config, vocabulary, a
+checkpoint, an average of several, or an ensemble) and translates text with greedy search,
+beam search or sampling, compiled once per source shape."""
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from seq2seq.data import batching
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, UNK_ID
+from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
+from seq2seq.decoding import search
+from seq2seq.decoding.ensemble import Ensemble, stack
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
+from seq2seq.runs import workdirs
+from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.selection import restore_params, selected_checkpoint
+from seq2seq.runtime import compiling
+
+log = logging.getLogger("seq2seq")
+
+
+def translate_batches(search: Callable[[dict], np.ndarray], batches: Sequence[dict],
+                      decode_ids: Callable[[np.ndarray], str], num_sentences: int) -> list[str]:
+  """Decodes every batch and returns detokenized hypotheses in the split's order.
+
+  Args:
+    search: `batch -> [batch_size, max_len]` output ids (host numpy).
+    batches: from `batching.eval_batches`; each has an `index` row map.
+    decode_ids: ids -> detokenized text (stops at EOS).
+    num_sentences: size of the split.
+  """
+  hypotheses: list[str | None] = [None] * num_sentences
+  for batch in batches:
+    ids = search(batch)
+    for row, index in enumerate(batch["index"]):
+      if index >= 0:
+        hypotheses[index] = decode_ids(ids[row])
+  missing = [i for i, h in enumerate(hypotheses) if h is None]
+  assert not missing, f"sentences {missing[:5]} were not translated"
+  return hypotheses
+
+
+def search_strategy(beam_size: int, alpha: float, nbest: int = 1, *,
+                    sample_seed: int | None = None, temperature: float = 1.0,
+                    top_k: int = 0) -> search.Strategy:
+  """The strategy the search flags (and config.eval's beam_size and alpha) name: sampling
+  when a seed is given, greedy for one beam and one hypothesis, beam search otherwise."""
+  if sample_seed is not None:
+    return search.Sampling(sample_seed, temperature, top_k)
+  if beam_size == 1 and nbest == 1:
+    return search.Greedy()
+  return search.Beam(beam_size, alpha, nbest)
+
+
+def search_fn(params, src, *, graphdef, strategy: search.Strategy, max_len_a: float,
+              max_len_b: int, max_len_limit: int):
+  """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length."""
+  # An ensemble's graphdef is a tuple, one per architecture (`ensemble.Ensemble`).
+  model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
+           else nnx.merge(graphdef, params))
+  max_len = search.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
+  return search.generate(model, src, strategy, max_len=max_len)
+
+
+def search_programs(graphdef, config, strategy: search.Strategy, *, name: str = "search",
+                    jit: dict | None = None) -> compiling.Programs:
+  """`search_fn` of `strategy` for a run's model and config.eval's decoding lengths, jitted
+  (with `jit`'s options) and compiled per source shape with config.compile's evaluation
+  options: `(params, src) -> (ids, scores)`."""
+  e = config.eval
+  fn = functools.partial(search_fn, graphdef=graphdef, strategy=strategy,
+                         max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
+                         max_len_limit=config.model.max_len)
+  return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
+                            plural=name.replace("search", "searches"),
+                            options=compiling.compiler_options(config.compile.eval_options),
+                            threads=config.compile.threads)
+
+
+def grid_sources(config, rows: int) -> list[jax.ShapeDtypeStruct]:
+  """The source shapes of the searches a run's evaluation commands compile for sentences as
+  long as its training's (config.data.max_len, EOS included): `rows` by each grid length
+  that holds them."""
+  longest = batching.grid_length(config.data.max_len, config.model.max_len)
+  return [jax.ShapeDtypeStruct((rows, n), np.int32)
+          for n in batching.grid_lengths(config.model.max_len) if n <= longest]
+
+
+def check_search(beam_size: int, alpha: float, batch_size: int | None = None) -> None:
+  """Raises `UserError` for search settings out of range, named as the flags give them."""
+  if beam_size < 1:
+    raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
+  if not 0 <= alpha < math.inf:  # NaN fails this too.
+    raise UserError(f"--alpha={alpha} must be a number, not negative (0: no length penalty;"
+                    " 0.6 is usual).")
+  if batch_size is not None and batch_size < 1:
+    raise UserError(f"--batch_size={batch_size} must be at least 1 (sentences per batch).")
+
+
+def _check_vocabulary(workdir: Path) -> Path:
+  """The run's vocabulary file; `UserError` if it is missing."""
+  vocab = workdir / workdirs.VOCAB
+  if not vocab.is_file():
+    raise UserError(f"{vocab} is missing: the run's checkpoints only work with the vocabulary"
+                    " they were trained with; put it back from a copy of the run.")
+  return vocab
+
+
+def check_is_run(workdir: Path) -> None:
+  if not (workdir / workdirs.CONFIG).exists():
+    raise UserError(f"{workdir} is not a training run (no config.json); pass the --workdir"
+                    " that seq2seq-train wrote.")
+
+
+def check_candidates(workdir: Path, candidates: Sequence[str]) -> None:
+  """Raises `UserError` unless every checkpoint spec of a list to choose from names
+  checkpoints that `workdir` holds, each once: all are checked before any is decoded."""
+  check_is_run(workdir)
+  if any(not spec.strip() for spec in candidates) or len(set(candidates)) < len(candidates):
+    raise UserError(f"--checkpoint={','.join(candidates)} has an empty or repeated entry; list"
+                    " each candidate once, e.g. --checkpoint=best,avg:5,avg:10.")
+  if "selected" in candidates:
+    raise UserError("--checkpoint=selected is the choice among candidates, not one of them;"
+                    " list the candidates, e.g. --checkpoint=best,avg:5,avg:10.")
+  keep = workdirs.read_run_config(workdir).checkpoint.keep
+  checkpoints = Checkpoints(workdir, keep)
+  try:
+    for spec in candidates:
+      if spec.startswith("ensemble:"):
+        _ensemble_members(workdir, spec, (), keep)
+      else:
+        checkpoints.resolve(spec)
+  finally:
+    checkpoints.close()
+
+
+def _distinct_runs(workdir: Path, others: Sequence[str | Path]) -> list[Path]:
+  """`workdir` and the --ensemble runs `others`, each once: an empty entry (a stray comma) or
+  a run named twice (by any path) is a `UserError`, before anything is read."""
+  if any(not str(other).strip() for other in others):
+    raise UserError(f"--ensemble={','.join(map(str, others))} has an empty entry (a stray"
+                    " comma); list the other runs' workdirs, e.g. --ensemble=runs/b,runs/c.")
+  runs, seen = [workdir, *map(Path, others)], {}
+  for run in runs:
+    key = run.resolve()
+    if key in seen:
+      raise UserError(f"--ensemble: {run} is a run already listed (as {seen[key]}, by"
+                      " --workdir or --ensemble); name each run once: an ensemble counts each"
+                      " member once.")
+    seen[key] = run
+  return runs
+
+
+def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
+                      keep: int) -> list[tuple[Path, str]] | None:
+  """(workdir, checkpoint spec) of each member of an ensemble; None for one model.
+
+  `--checkpoint=ensemble:N` makes the last N checkpoints of `workdir` the members; otherwise
+  `workdir` and `others` are, each at the checkpoint `checkpoint` names for it.
+  """
+  if not checkpoint.startswith("ensemble:"):
+    return [(w, checkpoint) for w in _distinct_runs(workdir, others)] if others else None
+  if others:
+    raise UserError(f"--checkpoint={checkpoint} ensembles checkpoints of --workdir alone; drop"
+                    " --ensemble, or pass --checkpoint=best (or another) with it.")
+  n = checkpoint[len("ensemble:"):]
+  checkpoints = Checkpoints(workdir, keep)
+  try:
+    steps = checkpoints.all_steps()
+    if not steps:
+      checkpoints.resolve("latest")  # Says that there is none.
+  finally:
+    checkpoints.close()
+  if not n.isdigit() or not 1 <= int(n) <= len(steps):
+    raise UserError(f"--checkpoint={checkpoint}: N of ensemble:N must be 1 to {len(steps)}, the"
+                    f" checkpoints {workdir / workdirs.CHECKPOINTS} holds (steps"
+                    f" {', '.join(map(str, steps))}).")
+  return [(workdir, str(step)) for step in steps[-int(n):]]
+
+
+class Translator:
+  """A run's model and vocabulary, ready to translate.
+
+  Args:
+    workdir: a training run's directory.
+    checkpoint: "best" (validation BLEU), "latest", a step, "avg:N", "selected", or
+      "ensemble:N" (the last N checkpoints as an ensemble).
+    beam_size, alpha, nbest: the search (beam 1 and nbest 1: greedy).
+    batch_size: sentences per compiled batch (None: the run's config.eval.batch_size, the
+      rows of every program the run compiled ahead).
+    sample_seed, temperature, top_k: sample instead of searching when a seed is given.
+      `search_strategy` turns these search arguments into `self.strategy`.
+    ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.decoding.ensemble`), each
+      at the checkpoint `checkpoint` names for it; they must share its vocabulary.
+  """
+
+  def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
+               alpha: float = 0.6, nbest: int = 1, batch_size: int | None = None,
+               sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
+               ensemble: Sequence[str | Path] = ()):
+    workdir = Path(workdir)
+    check_is_run(workdir)
+    check_search(beam_size, alpha, batch_size)
+    if not 1 <= nbest <= beam_size:
+      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    if sample_seed is not None and (nbest > 1 or not 0 < temperature < math.inf or top_k < 0):
+      raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
+                      f" (got {nbest}, {temperature}, {top_k}).")
+    self.config = workdirs.read_run_config(workdir)
+    self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
+                                    temperature=temperature, top_k=top_k)
+    self.batch_size = batch_size or self.config.eval.batch_size
+    self.workdir, self.nbest = workdir, nbest
+    self.beam_size, self.alpha = beam_size, alpha
+    members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
+    if members is not None:
+      self._init_ensemble(checkpoint, members)
+      return
+    if checkpoint == "selected":
+      checkpoint = selected_checkpoint(workdir)
+    checkpoints = Checkpoints(workdir, self.config.checkpoint.keep)
+    try:
+      checkpoints.resolve(checkpoint)  # No checkpoint: say so before anything else.
+    finally:
+      checkpoints.close()
+    self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
+    # Shapes only: the checkpoint's parameters are the first values (nothing to initialize).
+    model = nnx.eval_shape(lambda: build_model(self.config, self.tokenizer.vocab_size))
+    self.graphdef, params = nnx.split(model, nnx.Param)
+    self.load_checkpoint(checkpoint, params)
+    self._search = search_programs(self.graphdef, self.config, self.strategy)
+
+  def _init_ensemble(self, checkpoint: str, members: list[tuple[Path, str]]) -> None:
+    """`__init__` for several members: checks them all (runs, one vocabulary) before any
+    checkpoint is read, then loads and stacks their parameters by architecture."""
+    workdir = self.workdir
+    vocab = _check_vocabulary(workdir)
+    fingerprint = tokenizer_fingerprint(vocab)
+    configs = []
+    for member, _ in members:
+      if not (member / workdirs.CONFIG).is_file():
+        raise UserError(f"--ensemble: {member} is not a training run (no config.json); pass the"
+                        " --workdir of runs that seq2seq-train wrote.")
+      if tokenizer_fingerprint(member / workdirs.VOCAB) != fingerprint:
+        raise UserError(f"--ensemble: {member / workdirs.VOCAB} is not the vocabulary of {workdir}"
+                        " (an ensemble averages the members' probabilities of the same tokens);"
+                        " ensemble runs of one vocabulary, such as runs that differ only in"
+                        " config.train.seed.")
+      configs.append(workdirs.read_run_config(member))
+      direction = lambda c: f"{c.data.src_lang}->{c.data.tgt_lang}"  # noqa: E731
+      if direction(configs[-1]) != direction(self.config):
+        raise UserError(f"--ensemble: {member} translates {direction(configs[-1])} but {workdir}"
+                        f" translates {direction(self.config)}; ensemble runs of one direction.")
+    self.tokenizer = Tokenizer.load(vocab)
+    self.checkpoint = checkpoint
+    groups: dict[str, tuple] = {}  # Architecture -> (graphdef, member params).
+    self.steps = []
+    for (member, spec), config in zip(members, configs, strict=True):
+      if spec == "selected":
+        spec = selected_checkpoint(member)
+      graphdef, like = nnx.split(
+          nnx.eval_shape(lambda c=config: build_model(c, self.tokenizer.vocab_size)), nnx.Param)
+      steps, params = restore_params(member, spec, config, like)
+      self.steps.append({"workdir": str(member), "checkpoint": spec, "steps": steps})
+      architecture = json.dumps(config.model.to_dict(), sort_keys=True)
+      groups.setdefault(architecture, (graphdef, []))[1].append(params)
+    self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
+    self.params = tuple(stack(params) for _, params in groups.values())
+    self._search = search_programs(self.graphdef, self.config, self.strategy)
+
+  def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
+    """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
+    self.steps, self.params = restore_params(self.workdir, checkpoint, self.config,
+                                              self.params if params_like is None else params_like)
+    self.checkpoint = checkpoint
+
+  def search_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:
+    """Searches every sentence (ids without EOS) in batches of `batch_size`, one compiled
+    program per batch shape: per sentence, its n-best (output ids, score)."""
+    results: list = [None] * len(src_ids)
+    empty = [np.zeros(0, np.int32)] * len(src_ids)
+    batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
+                                    max_len=self.config.model.max_len)
+    params = compiling.shapes(self.params)  # As the trainer compiled them ahead.
+    for batch in batches:  # Every shape compiles at once, in parallel.
+      self._search.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
+    for batch in batches:
+      ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"])))
+      for row, index in enumerate(batch["index"]):
+        if index >= 0:
+          results[index] = [(ids[row, n], float(best[row, n])) for n in range(self.nbest)]
+    return results
+
+  def translate(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    """Per input text, its n-best detokenized translations with scores.
+
+    An empty (or whitespace-only) input is not fed to the model: its
+    translation is the empty string.
+    """
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    src_ids = [np.asarray(self.tokenizer.encode(texts[i]), np.int32) for i in todo]
+    longest = self.config.model.max_len - 1  # With EOS, a source fills model.max_len.
+    cut = sum(len(ids) > longest for ids in src_ids)
+    if cut:
+      log.warning("%d of %d source lines are longer than %d subwords (config.model.max_len=%d"
+                  " with EOS) and were cut to fit; their translations cover only the start.",
+                  cut, len(texts), longest, self.config.model.max_len)
+    unknown = [i for i, ids in zip(todo, src_ids, strict=True) if UNK_ID in ids]
+    if unknown:
+      text = texts[unknown[0]]
+      example = next((c for c in text if UNK_ID in self.tokenizer.encode(c)), text)
+      log.warning("%d of %d source lines hold characters the vocabulary does not know (such as"
+                  " %r in line %d); the model reads them as unknown words, and its output"
+                  " shows them as ⁇.", len(unknown), len(texts), example, unknown[0] + 1)
+    translated = self.search_ids(src_ids)
+    results = [[("", 0.0)] * self.nbest for _ in texts]
+    for i, nbest in zip(todo, translated, strict=True):
+      results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]
+    return results
+
+
+def alignment(translator: Translator, text: str):
+  """Translates `text` and returns the attention of each output subword.
+
+  Returns:
+    (weights `[layers, heads, tgt_len, src_len]`, source subwords, target subwords),
+    where the source ends with `</s>` and the target is the best translation + `</s>`.
+  """
+  src = np.asarray(translator.tokenizer.encode(text), np.int32)
+  if not len(src):
+    raise UserError("--text is empty; pass a sentence to translate.")
+  out = translator.search_ids([src])[0][0][0]
+  out = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
+  src_ids = np.concatenate([src, [EOS_ID]])[None]
+  tgt_in = np.concatenate([[BOS_ID], out[:-1]])[None].astype(np.int32)
+  model = nnx.merge(translator.graphdef, translator.params)
+  weights = model.attention_weights(model.encode(jnp.asarray(src_ids)), jnp.asarray(tgt_in))
+  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids[0]),
+          translator.tokenizer.pieces(out))

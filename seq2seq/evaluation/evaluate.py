@@ -1,0 +1,107 @@
+"""Evaluating a run: on a split of its corpus or on files (`run_evaluation`), and choosing
+among its checkpoints on validation data (`select_checkpoint`)."""
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from seq2seq.data import corpus
+from seq2seq.data.textio import read_lines
+from seq2seq.decoding.translator import Translator, check_candidates
+from seq2seq.errors import UserError
+from seq2seq.evaluation.scores import evaluate_split
+from seq2seq.runs import workdirs
+from seq2seq.runs.selection import record_selection
+
+log = logging.getLogger("seq2seq")
+
+
+def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
+                      beam_size: int = 4, alpha: float = 0.6,
+                      batch_size: int | None = None) -> dict:
+  """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
+  records the one with the highest BLEU in `<workdir>/eval/selected.json`.
+
+  Choosing on test data would make its score optimistic, so only `val` is allowed.
+
+  Returns:
+    {"checkpoint": the winner, "split", "beam_size", "alpha", "bleu": {spec: BLEU}}.
+  """
+  if split != "val":
+    raise UserError(f"--split={split} with several checkpoints would choose one on {split}"
+                    " data; choose on validation data (--split=val), then score the choice"
+                    " with --checkpoint=selected --split=test.")
+  workdir = Path(workdir)
+  check_candidates(workdir, candidates)  # Every one, before any is decoded.
+  translator, found = None, {}
+  for spec in candidates:
+    # Parameters swap into the compiled search; an ensemble (`ensemble:N`) is another model.
+    if translator is None or "ensemble:" in spec + translator.checkpoint:
+      translator = Translator(workdir, spec, beam_size=beam_size, alpha=alpha,
+                              batch_size=batch_size)
+      text = corpus.read_split(translator.config.data, split)
+    elif spec != translator.checkpoint:
+      translator.load_checkpoint(spec)
+    prefix = workdir / workdirs.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
+    found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
+    log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", spec, found[spec], prefix, prefix)
+  winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
+  result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
+            "bleu": found}
+  record_selection(workdir, result)
+  return result
+
+
+def _members_id(ensemble: Sequence[str]) -> str:
+  """8 hex digits naming the set of --ensemble runs: two ensembles write apart."""
+  members = "\n".join(sorted(str(Path(member).resolve()) for member in ensemble))
+  return hashlib.sha256(members.encode()).hexdigest()[:8]
+
+
+def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
+                   beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None,
+                   src_file: str = "", ref_file: str = "",
+                   plot_attention: int = 0,
+                   ensemble: Sequence[str] = ()) -> tuple[dict, Path]:
+  """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
+
+  With `plot_attention` K > 0, also draws the attention of the first K non-empty
+  source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
+  With `ensemble`, those runs decode with `workdir`'s as one model (`Translator`).
+
+  Returns:
+    The scores and the path prefix of the written `.hyp` / `.json` files.
+  """
+  if plot_attention and (ensemble or checkpoint.startswith("ensemble:")):
+    raise UserError("--plot_attention draws one model's attention, not an ensemble's; drop one"
+                    " of them.")
+  if plot_attention < 0:
+    raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
+                    " of sentences to draw (0: none).")
+  workdir = Path(workdir)
+  if bool(src_file) != bool(ref_file):
+    raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
+  if src_file:  # Checked before the model loads: a wrong path fails at once.
+    sources, references = read_lines(src_file, "--src_file"), read_lines(ref_file, "--ref_file")
+    if len(sources) != len(references):
+      raise UserError(f"--src_file={src_file} has {len(sources)} lines but --ref_file={ref_file}"
+                      f" has {len(references)}; pass a reference line for every source line.")
+  translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
+                          batch_size=batch_size, ensemble=ensemble)
+  if src_file:
+    name = Path(src_file).name
+  else:
+    text = corpus.read_split(translator.config.data, split)
+    sources, references, name = text.src, text.tgt, split
+  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
+                                       if ensemble else "")
+  prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
+  result = evaluate_split(translator, sources, references, prefix, checkpoint)
+  drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
+  if drawn:
+    from seq2seq.evaluation.plots import plot_alignment  # matplotlib only where pictures are drawn.
+  for i in drawn:
+    path = plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png")
+    log.info("Drew the attention of %s line %d in %s", name, i + 1, path)
+  return result, prefix

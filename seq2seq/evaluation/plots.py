@@ -1,0 +1,126 @@
+"""Pictures: attention heatmaps, BLEU comparisons and training curves."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # Files only: no display is needed (or present on servers).
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from seq2seq.decoding.translator import alignment  # noqa: E402
+from seq2seq.errors import UserError  # noqa: E402
+
+
+def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
+                       tgt_tokens: Sequence[str], path: str | Path, title: str = "") -> Path:
+  """Writes a grid of heatmaps, one per layer (rows) and head (columns).
+
+  Args:
+    weights: `[layers, heads, tgt_len, src_len]` attention of each target token.
+    src_tokens: the source subwords (x axis).
+    tgt_tokens: the target subwords (y axis).
+    path: the PNG to write.
+  """
+  layers, heads = weights.shape[:2]
+  size = max(2.5, 0.28 * max(len(src_tokens), len(tgt_tokens)))
+  fig, axes = plt.subplots(layers, heads, figsize=(size * heads, size * layers), squeeze=False)
+  for layer in range(layers):
+    for head in range(heads):
+      ax = axes[layer, head]
+      ax.imshow(weights[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+      ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=90, fontsize=7)
+      ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=7)
+      if layers * heads > 1:
+        ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  return _save(fig, path)
+
+
+def plot_alignment(translator, text: str, path: str | Path) -> Path:
+  """Writes the PNG heatmaps of `alignment(translator, text)`: the RNN's alignment, or
+  the Transformer's cross-attention per layer and head, subwords on the axes."""
+  from seq2seq.evaluation.plots import (
+    attention_heatmaps,  # matplotlib only where pictures are drawn.
+  )
+
+  weights, src, tgt = alignment(translator, text)
+  c = translator.config.model
+  return attention_heatmaps(weights, src, tgt, path, title=f"{c.family}, {c.attention} attention")
+
+
+def bleu_chart(names: Sequence[str], bleu: Sequence[float], ci: Sequence[float],
+               path: str | Path, ylabel: str = "BLEU") -> Path:
+  """Bars of BLEU per run with their confidence intervals as error bars."""
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 2), 3.5))
+  ax.bar(range(len(names)), bleu, yerr=ci, capsize=4, color="tab:blue")
+  ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+  ax.set_ylabel(ylabel)
+  for i, value in enumerate(bleu):
+    ax.text(i, value / 2, f"{value:.1f}", ha="center", color="white", fontsize=8)
+  return _save(fig, path)
+
+
+def training_curves(curves: dict[str, Sequence[tuple[int, float, float]]],
+                    path: str | Path) -> Path:
+  """Validation BLEU and loss against step, one line per run: `{run: [(step, bleu, loss)]}`."""
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  for name, points in curves.items():
+    steps, bleu, loss = zip(*points, strict=True)
+    left.plot(steps, bleu, marker="o", label=name)
+    right.plot(steps, loss, marker="o", label=name)
+  left.set(xlabel="step", ylabel="validation BLEU")
+  right.set(xlabel="step", ylabel="validation loss")
+  left.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def length_chart(lines: dict[str, Sequence[tuple[str, float | None]]], path: str | Path,
+                 ylabel: str = "BLEU") -> Path:
+  """BLEU by source-length bucket, one line per run: `{run: [(bucket, bleu or None)]}`."""
+  fig, ax = plt.subplots(figsize=(6, 3.8))
+  for name, points in lines.items():
+    buckets = [b for b, _ in points]
+    ax.plot(range(len(buckets)), [np.nan if v is None else v for _, v in points], marker="o",
+            label=name)
+    ax.set_xticks(range(len(buckets)), buckets)
+  ax.set(xlabel="source sentence length (words)", ylabel=ylabel)
+  ax.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str],
+                                                  Sequence[str]]], path: str | Path) -> Path:
+  """One heatmap per run: `(name, weights [tgt_len, src_len], src tokens, tgt tokens)`."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False)
+  for ax, (name, weights, src, tgt) in zip(axes[0], panels, strict=True):
+    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=6)
+    ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
+    ax.set_title(name, fontsize=8)
+  return _save(fig, path)
+
+
+def image_path(path: str | Path, flag: str) -> Path:
+  """The file a picture written to `path` ends up in (matplotlib adds `.png` to a name
+  without a suffix); raises `UserError` for a format matplotlib cannot write."""
+  path = Path(path)
+  if not path.suffix:
+    return path.with_name(path.name + ".png")
+  formats = plt.figure().canvas.get_supported_filetypes()
+  plt.close("all")
+  if path.suffix[1:].lower() not in formats:
+    raise UserError(f"{flag}={path}: matplotlib cannot write {path.suffix} files; use one of"
+                    f" {', '.join('.' + f for f in sorted(formats))} (e.g. {path.stem}.png).")
+  return path
+
+
+def _save(fig, path: str | Path) -> Path:
+  fig.tight_layout()
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

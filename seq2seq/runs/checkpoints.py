@@ -1,0 +1,299 @@
+"""Checkpoints through orbax's CheckpointManager.
+
+A run's workdir holds `checkpoints/<step>/` (the train state, written
+atomically by orbax: a killed save leaves no half-written step), the run's
+`config.json` and its SentencePiece vocabulary in `vocab/`. The latest
+`keep` checkpoints are kept, and so is the one with the best validation BLEU.
+
+A full disk while saving is a `UserError` naming the step and the last good
+checkpoint (`full_disk.full_disk_is_user_error`); a checkpoint that the run's training
+rotates away while evaluation reads it is `CheckpointRemoved`, never called
+damaged. Whether a checkpoint fits the run's model and vocabulary is decided in
+match.py; orbax_logs.py keeps orbax's own reports of a failure out of sight.
+"""
+
+import contextlib
+import functools
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+from seq2seq.runs import match
+from seq2seq.runs import workdirs
+from seq2seq.errors import UserError, describe
+from seq2seq.runs.full_disk import full_disk_is_user_error
+from seq2seq.runs.orbax_logs import ignore_abandoned_orbax_work, quiet
+from seq2seq.runs.match import vocab_fingerprint
+
+BEST_METRIC = "bleu"
+VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
+log = logging.getLogger("seq2seq")
+# A training that holds the run (its .lock) may be deleting a rotated checkpoint file by file:
+# how long a reader waits for the directory to go before calling it damaged.
+REMOVAL_WAIT_SECONDS = 5.0
+
+
+class CheckpointRemoved(UserError):
+  """A checkpoint that the run's training removed (its rotation) while it was being read."""
+
+  def __init__(self, step: int, directory: Path):
+    super().__init__(f"Checkpoint {step} in {directory} was removed by the run's training (it"
+                     " keeps only its latest checkpoints, config.checkpoint.keep) while this"
+                     " command read it; it is not damaged. Run the command again, or once the"
+                     " training has finished.")
+    self.step = step
+
+
+class Checkpoints:
+  """Save, list and restore a run's train states."""
+
+  def __init__(self, workdir: str | Path, keep: int):
+    self.directory = Path(workdir).resolve() / workdirs.CHECKPOINTS
+    preservation = policies.AnyPreservationPolicy([
+        policies.LatestN(n=keep),
+        # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
+        policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1,
+                       keep_checkpoints_without_metrics=False),
+    ])
+    # best_fn only makes orbax write each step's metrics to disk (the preservation policy
+    # decides what is kept): without it, a restarted process sees no BLEU, and "best"
+    # would quietly mean "latest".
+    options = ocp.CheckpointManagerOptions(
+        create=True, preservation_policy=preservation, enable_async_checkpointing=True,
+        best_fn=lambda metrics: metrics[BEST_METRIC], best_mode="max")
+    # Listing the steps reads each one's metadata; orbax logs a damaged step's there, and
+    # restoring that step reports it again, in our one line.
+    with quiet():
+      self.manager = ocp.CheckpointManager(self.directory, options=options)
+    ignore_abandoned_orbax_work()
+    self._unfinished: int | None = None  # The step of a save not known to be on disk yet.
+    self._partial: list[int] = []  # Steps whose save failed: their temporary directories.
+    self._closed = False
+
+  def latest_step(self) -> int | None:
+    self._finish()  # A save still writing (`save(wait=False)`) counts once it is on disk.
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    self._finish()
+    return sorted(self.manager.all_steps())
+
+  def best_step(self) -> int | None:
+    """The kept step with the highest validation BLEU (None if none has one)."""
+    scored = [(metrics[BEST_METRIC], step) for step in self.all_steps()
+              if (metrics := self.manager.metrics(step)) and BEST_METRIC in metrics]
+    return max(scored)[1] if scored else None
+
+  def shapes(self, step: int) -> dict:
+    """The saved tree of `step` as nested dicts of array shapes, read without restoring."""
+    # The handler, not StandardCheckpointer: that one warns about a missing step-level file.
+    metadata = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "default")
+    return jax.tree.map(lambda leaf: tuple(leaf.shape), dict(metadata))
+
+  def check_vocab(self, step: int) -> None:
+    """Raises `UserError` if the run's vocabulary is missing or is not the one the
+    checkpoint at `step` was trained with (by its recorded fingerprint)."""
+    with quiet():  # Reading step metadata alone makes orbax warn about its items.
+      metadata = self.manager.metadata(step)
+    recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
+    match.check_vocab(self.directory.parent / workdirs.VOCAB, step, recorded)
+
+  def check_params(self, step: int, params_like) -> None:
+    """Raises `UserError` if the parameters saved at `step` do not fit `params_like`, or
+    its vocabulary is not the run's (`match.check_shapes`, `match.check_vocab`):
+    a mismatch is never mistaken for a damaged checkpoint, nor restored into a wrong model.
+    """
+    match.check_shapes(self.directory.parent, step, self.shapes(step)["params"],
+                           params_like)
+    self.check_vocab(step)  # Same shapes: is it the same vocabulary, too?
+
+  def save(self, step: int, state, metrics: dict | None = None, wait: bool = True) -> None:
+    """Saves `state` at `step`, recording the fingerprint of the run's vocabulary. With
+    `wait=False` it returns once the state is copied off the device (so the caller may
+    donate it), and writes in the background: the next save, read of the steps or `close`
+    waits for it (and reports its failure).
+
+    Raises:
+      UserError: the disk is full (the step, this directory and the last good checkpoint
+        named); the earlier checkpoints are untouched, and the same command resumes.
+    """
+    self._finish()  # A save still writing fails here, under its own step.
+    fingerprint = vocab_fingerprint(self.directory.parent / workdirs.VOCAB)
+    self._unfinished = step
+    with self._full_disk_is_user_error():
+      self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
+                        custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
+    if wait:
+      self._finish()
+
+  def _finish(self) -> None:
+    """Waits for the save in progress (orbax may write in the background)."""
+    if self._unfinished is not None:
+      with self._full_disk_is_user_error():
+        self.manager.wait_until_finished()
+      self._unfinished = None
+
+  @contextlib.contextmanager
+  def _full_disk_is_user_error(self):
+    """`full_disk_is_user_error` for the save of `self._unfinished`: the half-written step is
+    removed first (it holds space, and no reader lists it), and orbax repeating a failure
+    already reported (when the save is waited for or closed, with no save in progress) is
+    dropped, not reported twice. Whatever fails, the save is no longer in progress."""
+    step = self._unfinished
+    try:
+      with full_disk_is_user_error(f"saving the checkpoint of step {step} in {self.directory}",
+                                   self.latest_step, functools.partial(self._failed_save, step)):
+        yield
+    except Exception:
+      self._unfinished = None
+      raise
+
+  def _failed_save(self, step: int | None) -> bool:
+    """Cleans up after the save of `step` failed; False when no save was in progress."""
+    self._unfinished = None
+    if step is None:
+      return False
+    self._partial.append(step)
+    self._remove_partial()
+    with contextlib.suppress(Exception), quiet():
+      self.manager.reload()  # The steps on disk: the failed one is not among them.
+    return True
+
+  def restore(self, step: int, like):
+    """Restores `step` into the structure, shapes and shardings of the pytree `like`."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def read_or_explain(self, step: int, like, read):
+    """`read()` of checkpoint `step` (a restore into `like`, or a check of it), but one that
+    does not read back (a truncated or missing file) is a `UserError` naming it and the
+    steps that do restore into `like`. Nothing is moved: that is for resuming alone."""
+    try:
+      with quiet():
+        return read()
+    except (UserError, AttributeError, NameError):
+      raise  # The user's mismatch, or a bug of ours: not the checkpoint's damage.
+    except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
+      if self._removed(step):
+        raise CheckpointRemoved(step, self.directory) from e
+      error = describe(e)
+    good = []
+    for other in self.all_steps():
+      if other != step:
+        try:
+          with quiet():
+            self.restore(other, like)
+          good.append(str(other))
+        except Exception:  # noqa: BLE001, S112
+          continue
+    use = (f"use --checkpoint= one of the steps that do: {', '.join(good)}" if good
+           else "no other checkpoint restores either; train the run again")
+    raise UserError(f"Checkpoint {step} in {self.directory} cannot be restored ({error});"
+                    f" {use}.")
+
+  def _removed(self, step: int) -> bool:
+    """Whether `step`'s directory is gone: the run's training rotated it away. While a
+    training holds the run (its lock file exists), one it is still deleting file by file is
+    given REMOVAL_WAIT_SECONDS to go."""
+    path = self.directory / str(step)
+    training = (self.directory.parent / workdirs.LOCK).exists()
+    deadline = time.monotonic() + (REMOVAL_WAIT_SECONDS if training else 0.0)
+    while path.exists():
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.05)
+    return True
+
+  def restore_latest_good(self, like) -> tuple[int | None, object]:
+    """Restores the newest checkpoint that reads back, moving damaged newer ones aside.
+
+    A checkpoint that fails to restore (a truncated or missing file) is moved to
+    `<workdir>/damaged_checkpoints/<step>` for inspection, never deleted, and a
+    warning names it and the step used instead. One whose parameters do not fit
+    `like.params` (another config or vocabulary) stays where it is: `UserError`.
+
+    Returns:
+      (step, state), or (None, `like`) when there is no checkpoint.
+    """
+    damaged = []
+    for step in reversed(self.all_steps()):
+      try:
+        with quiet():  # A damaged one is reported below, in one warning.
+          self.check_params(step, like.params)
+          state = self.restore(step, like)
+      except UserError:
+        raise  # It does not fit this config or vocabulary: the user's to fix, not damage.
+      except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
+        damaged.append((step, describe(e)))
+        self._move_aside(step)
+        continue
+      for bad, error in damaged:
+        log.warning("Checkpoint %d in %s cannot be restored (%s); moved it to %s and resumed"
+                    " from step %d instead.", bad, self.directory, error,
+                    self.directory.parent / workdirs.DAMAGED_CHECKPOINTS, step)
+      return step, state
+    if damaged:
+      raise UserError(f"No checkpoint in {self.directory} can be restored (steps"
+                      f" {', '.join(str(s) for s, _ in damaged)} are damaged and were moved to"
+                      f" {self.directory.parent / workdirs.DAMAGED_CHECKPOINTS}); start a new"
+                      " --workdir.")
+    return None, like
+
+  def _move_aside(self, step: int) -> None:
+    target = self.directory.parent / workdirs.DAMAGED_CHECKPOINTS / str(step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (self.directory / str(step)).rename(target)
+    self.manager.reload()  # Forget the step it had listed.
+
+  def resolve(self, spec: str) -> list[int]:
+    """The steps that `spec` names: "latest", "best", a step number, or "avg:N" (last N).
+
+    Raises:
+      UserError: naming the steps that exist, if `spec` names none of them.
+    """
+    steps = self.all_steps()
+    if not steps:
+      raise UserError(f"{self.directory} holds no checkpoint; train the run first.")
+    if spec == "latest":
+      return [steps[-1]]
+    if spec == "best":
+      best = self.best_step()
+      return [best if best is not None else steps[-1]]
+    if spec.startswith("avg:") and spec[4:].isdigit():
+      if int(spec[4:]) == 0:
+        raise UserError(f"--checkpoint={spec} averages no checkpoint; N of avg:N must be 1 to"
+                        f" {len(steps)}, the checkpoints {self.directory} holds.")
+      if int(spec[4:]) > len(steps):
+        raise UserError(f"--checkpoint={spec} averages {spec[4:]} checkpoints but {self.directory}"
+                        f" holds {len(steps)} (steps {', '.join(map(str, steps))}); use"
+                        f" --checkpoint=avg:{len(steps)} or fewer.")
+      return steps[-int(spec[4:]):]
+    if spec.isdigit() and int(spec) in steps:
+      return [int(spec)]
+    raise UserError(f"--checkpoint={spec} names no checkpoint of {self.directory}; use latest,"
+                    f" best, avg:N or one of the steps {', '.join(map(str, steps))}.")
+
+  def close(self) -> None:
+    """Waits for a save in progress (a full disk: `UserError`, as in `save`), then closes.
+    Closing twice does nothing."""
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      with self._full_disk_is_user_error():
+        self.manager.close()
+    finally:
+      self._remove_partial()  # Again: writes that the failure left running may have added to it.
+
+  def _remove_partial(self) -> None:
+    """Removes what failed saves wrote (orbax's `<step>.orbax-checkpoint-tmp`): it holds space,
+    no reader lists it, and the next save of that step would log its removal."""
+    for step in self._partial:
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+

@@ -1,0 +1,84 @@
+"""Which parameters of a run decode: a checkpoint, the average of several (`avg:N`), or the
+one chosen on validation data (`selected`, recorded by `select_checkpoint`)."""
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from seq2seq import config as config_lib
+from seq2seq.data.textio import write_atomically
+from seq2seq.runs import workdirs
+from seq2seq.runs.checkpoints import CheckpointRemoved, Checkpoints
+from seq2seq.errors import UserError
+from seq2seq.runs.train_state import make_optimizer, new_train_state
+
+log = logging.getLogger("seq2seq")
+
+
+SELECTION = workdirs.EVAL / "selected.json"  # Relative to the workdir.
+
+
+def selected_checkpoint(workdir: Path) -> str:
+  """The checkpoint spec that `select_checkpoint` chose on validation data."""
+  path = Path(workdir) / SELECTION
+  if not path.is_file():
+    raise UserError(f"--checkpoint=selected needs {path}, which does not exist; choose on"
+                    " validation data first: seq2seq-evaluate --split=val"
+                    " --checkpoint=best,avg:5,avg:10.")
+  again = ("choose again on validation data: seq2seq-evaluate --split=val"
+           " --checkpoint=best,avg:5,avg:10")
+  choice = workdirs.read_json(path, again).get("checkpoint")
+  if not isinstance(choice, str):
+    raise UserError(f"{path} names no checkpoint; {again}.")
+  return choice
+
+
+def record_selection(workdir: Path, result: dict) -> None:
+  """Writes the choice that `selected_checkpoint` reads (`evaluate.select_checkpoint`)."""
+  write_atomically(Path(workdir) / SELECTION, json.dumps(result, indent=2) + "\n")
+
+
+def restore_params(workdir: Path, spec: str, config, params_like):
+  """The parameters of the checkpoint(s) `spec` names, averaged when several.
+
+  The checkpoints are those that exist when the read starts. A live run's training may remove
+  one meanwhile (it keeps only its latest): then `spec` is resolved again and read once more;
+  a second removal is `CheckpointRemoved`, a one-line UserError that says so.
+  """
+  try:
+    return _read_params(workdir, spec, config, params_like)
+  except CheckpointRemoved as removed:
+    log.info("Checkpoint %d was removed by the run's training while it was read; reading"
+             " --checkpoint=%s again.", removed.step, spec)
+  return _read_params(workdir, spec, config, params_like)
+
+
+def _read_params(workdir: Path, spec: str, config, params_like):
+  """`restore_params`, one try."""
+  checkpoints = Checkpoints(workdir, config.checkpoint.keep)
+  try:
+    steps = checkpoints.resolve(spec)
+    # Shapes only: no optimizer state is built (orbax still reads each step's).
+    state_like = jax.eval_shape(lambda: new_train_state(params_like,
+                                                        make_optimizer(config.train)))
+    # On one device, whatever mesh saved it: evaluation needs no mesh, and orbax refuses a
+    # target without shardings for a checkpoint saved on another topology.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    state_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                              state_like)
+    for step in steps:
+      checkpoints.read_or_explain(step, state_like,
+                                  functools.partial(checkpoints.check_params, step, params_like))
+    total = None  # A running sum: avg:N holds two parameter copies, not N.
+    for step in steps:
+      params = checkpoints.read_or_explain(
+          step, state_like, functools.partial(checkpoints.restore, step, state_like)).params
+      total = params if total is None else jax.tree.map(jnp.add, total, params)
+    params = jax.tree.map(lambda x: x / len(steps), total)
+  finally:
+    checkpoints.close()
+  return steps, params

@@ -1,0 +1,202 @@
+"""A run's directory: what lives where in it, its checks, and its lock.
+
+Layout (paths relative to the workdir; every module takes them from here):
+
+  config.json            the run's full config
+  vocab/spm.model        the joint SentencePiece model
+  checkpoints/<step>/    orbax checkpoints
+  damaged_checkpoints/   newest checkpoints that no longer read back, moved aside
+  metrics.jsonl          one JSON record per log line
+  tensorboard/           the same metrics as TensorBoard events
+  eval/                  hypotheses and scores of seq2seq-evaluate, selected.json
+  .lock                  while a training process holds the run: its host and pid
+
+One training process per workdir: an exclusive `flock` on `<workdir>/.lock`.
+Two trainings in one workdir would interleave their metrics and overwrite each
+other's checkpoints. The lock file names its holder (host and pid) for the
+refusal message; the kernel drops the lock when its process dies, however it
+dies, so a killed run never blocks the next one. The file is removed on release.
+"""
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+import ml_collections
+
+from seq2seq import config as config_lib
+from seq2seq.data import tokenizer
+from seq2seq.errors import UserError
+
+CONFIG = Path("config.json")
+VOCAB = Path("vocab") / "spm.model"
+CHECKPOINTS = Path("checkpoints")
+DAMAGED_CHECKPOINTS = Path("damaged_checkpoints")
+METRICS = Path("metrics.jsonl")
+TENSORBOARD = Path("tensorboard")
+EVAL = Path("eval")
+LOCK = Path(".lock")
+# What only a run's directory holds: a directory with files but none of these is not a run.
+RUN_ENTRIES = (CONFIG, VOCAB.parent, CHECKPOINTS, DAMAGED_CHECKPOINTS, METRICS, TENSORBOARD, EVAL,
+               LOCK)
+
+
+def check_is_run_or_new(workdir: str | Path) -> None:
+  """Raises `UserError` if `workdir` is empty text, or a directory that holds files but
+  nothing of a run (a corpus folder, a home directory): training there would adopt it."""
+  if not str(workdir).strip():
+    raise UserError("--workdir is empty; pass the directory of the run, e.g."
+                    " --workdir=runs/m30k_transformer.")
+  workdir = Path(workdir)
+  if workdir.is_dir() and any(workdir.iterdir()) and not any(
+      (workdir / entry).exists() for entry in RUN_ENTRIES):
+    example = sorted(p.name for p in workdir.iterdir())[0]
+    raise UserError(f"--workdir={workdir} holds files ({example}, ...) but no run (no"
+                    f" {CONFIG}, {CHECKPOINTS}/ or {VOCAB.parent}/); pass a new directory for"
+                    " the run, or a run's workdir.")
+
+
+def copy_vocabulary(source: Path, workdir: Path) -> None:
+  """Puts run `source`'s vocabulary in `workdir` (`config.data.vocab_from`): the .vocab first
+  and the .model last, each whole (written under a private name, then renamed)."""
+  model = source / VOCAB
+  if not model.is_file():
+    raise UserError(f"config.data.vocab_from={source}: {model} does not exist; pass the workdir"
+                    " of a run that has trained its vocabulary.")
+  tokenizer.Tokenizer.load(model)  # Refuses one that seq2seq did not write.
+  target = workdir / VOCAB
+  target.parent.mkdir(parents=True, exist_ok=True)
+  for ext in (".vocab", ".model"):
+    if model.with_suffix(ext).is_file():
+      tmp = target.with_name(f"{target.stem}{ext}.tmp{os.getpid()}")
+      tmp.write_bytes(model.with_suffix(ext).read_bytes())
+      os.replace(tmp, target.with_suffix(ext))
+
+
+def create_workdir(workdir: str | Path) -> bool:
+  """Creates `workdir` (and missing parents); True if this call made it, False if it existed.
+
+  `mkdir` without exist_ok: of simultaneous first starts on one new workdir exactly one made
+  it, and only that one may remove it again (once it also holds the lock: `training.loop._train_in`).
+  """
+  try:
+    Path(workdir).mkdir(parents=True)
+  except FileExistsError:
+    return False
+  return True
+
+
+def check_writable(workdir: str | Path) -> None:
+  """Raises `UserError` unless `workdir` is, or can be created as, a writable directory.
+
+  Creates nothing: the nearest existing ancestor is checked.
+  """
+  workdir = Path(workdir)
+  existing = workdir
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    raise UserError(f"--workdir={workdir}: {existing} is a file, not a directory; pass another"
+                    " --workdir.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserError(f"--workdir={workdir}: {existing} is not writable (permissions or a"
+                    " read-only filesystem); pass a --workdir on a writable disk.")
+
+
+class WorkdirInUse(UserError):
+  """The workdir's lock is held by another training (`holder`: its host and pid)."""
+
+  def __init__(self, message: str, holder: str = ""):
+    super().__init__(message)
+    self.holder = holder
+
+  def __reduce__(self):  # Pickled across a sweep's processes with both arguments.
+    return type(self), (str(self), self.holder)
+
+
+class WorkdirLock:
+  """Context manager holding `<workdir>/.lock`; `enabled=False` makes it a no-op (the
+  processes of a multi-host run other than process 0)."""
+
+  def __init__(self, workdir: str | Path, enabled: bool = True):
+    self.path = Path(workdir) / LOCK
+    self.enabled = enabled
+    self._file = None
+
+  def acquire(self) -> None:
+    while True:
+      try:
+        f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+      except FileNotFoundError:
+        # The start that had just made the new workdir failed and removed it, or a user did.
+        raise UserError(f"{self.path.parent} was removed while this training started; run the"
+                        " command again.") from None
+      try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise WorkdirInUse(f"{self.path.parent} is in use by another training ({holder},"
+                           f" holding {self.path}); wait for it to finish or stop it, or pass"
+                           " another --workdir.", holder) from None
+      try:
+        same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+      except FileNotFoundError:
+        same = False
+      if same:  # Not a file that a releasing holder unlinked after we opened it.
+        break
+      f.close()
+    f.seek(0)
+    f.truncate()
+    f.write(f"host {socket.gethostname()}, pid {os.getpid()}\n")
+    f.flush()
+    self._file = f
+
+  def release(self) -> None:
+    if self._file is not None:
+      self.path.unlink(missing_ok=True)  # Before unlocking: a waiter re-checks the inode.
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+
+  def __enter__(self):
+    if self.enabled:
+      self.acquire()
+    return self
+
+  def __exit__(self, *exc):
+    self.release()
+
+
+# --- What a command wrote: a run's config, and JSON records -----------------------------------
+
+
+def saved_value(saved: dict, section: str, key: str, default):
+  """Field `section.key` of a saved run config (a dict from its JSON). Where the saved config
+  lacks the field: `config.BEFORE_FIELD`'s value for it, else `default`."""
+  return saved.get(section, {}).get(key, config_lib.BEFORE_FIELD.get((section, key), default))
+
+
+def read_json(path: Path, fix: str) -> dict:
+  """A JSON object that a command wrote to `path`; one that does not parse (cut short, or
+  edited) is a `UserError` naming the file and `fix`."""
+  try:
+    value = json.loads(Path(path).read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    reason = getattr(e, "msg", None) or e.reason
+    raise UserError(f"{path} is not valid JSON ({reason}); {fix}.") from None
+  if not isinstance(value, dict):
+    raise UserError(f"{path} is not the JSON object this project writes; {fix}.")
+  return value
+
+
+def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
+  """A run's saved config (`<workdir>/config.json`, as `config.from_json` reads it)."""
+  return config_lib.from_saved(read_json(Path(workdir) / CONFIG, RUN_CONFIG_FIX))
+
+
+RUN_CONFIG_FIX = ("seq2seq writes it whole, so it was cut or edited since; put it back from a copy"
+                  " of the run")

@@ -1,0 +1,6 @@
+"""The process every command runs in: how it starts (`process`), how SIGINT/SIGTERM end it
+(`signals`), glibc's handling of freed host memory (`allocator`), and JAX's compilation: the
+persistent cache and programs compiled ahead, in parallel (`compiling`).
+
+May import: shared.
+"""

@@ -1,0 +1,45 @@
+"""A process of ours: how it starts, and its share of the devices when several share them.
+
+Every command's process, and every worker one spawns, starts the same way, before JAX is
+imported: SIGINT/SIGTERM end the start-up with one line (`signals.exit_on_signals`; a
+KeyboardInterrupt raised during the slow imports can be swallowed by an import-time callback),
+and glibc keeps freed memory for reuse (`allocator.keep_freed_memory`, before XLA starts its
+threads). So this module imports nothing slow itself.
+"""
+
+import os
+
+from seq2seq.runtime import allocator, signals
+
+
+def prepare_process() -> None:
+  """What a command's process does first, before JAX is imported."""
+  signals.exit_on_signals()
+  allocator.keep_freed_memory()
+
+
+# Of each device's memory, the share that the processes sharing it may take in all (each
+# takes this over their number, `start_worker`): XLA's default for one process is 0.75.
+SHARED_DEVICE_MEMORY = 0.9
+
+
+def share_device_memory(processes: int) -> None:
+  """This process takes its share of each device's memory when `processes` share them (before
+  JAX starts; unless the user chose, with XLA_PYTHON_CLIENT_MEM_FRACTION or _PREALLOCATE)."""
+  if processes > 1 and not {"XLA_PYTHON_CLIENT_MEM_FRACTION",
+                            "XLA_PYTHON_CLIENT_PREALLOCATE"} & set(os.environ):
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{SHARED_DEVICE_MEMORY / processes:.3f}"
+
+
+def start_worker(processes: int = 1) -> None:
+  """The start of a process a command spawns to do part of its work (`seq2seq-sweep
+  --parallel`'s trainers, as a pool's initializer): the same preamble, a fair share of
+  device memory for each of the `processes` sharing the devices (unless the user set
+  XLA_PYTHON_CLIENT_MEM_FRACTION or XLA_PYTHON_CLIENT_PREALLOCATE), then the compilation
+  cache, which they share. Spawned processes run the main script's module, whose command
+  is guarded by `__name__ == "__main__"`, so nothing else sets them up."""
+  prepare_process()
+  share_device_memory(processes)
+  from seq2seq.runtime import compiling  # Imports JAX: after the preamble.
+
+  compiling.enable_cache()

@@ -1,0 +1,113 @@
+"""The loss and the pure step functions the trainer jits: one optimizer step, one validation loss.
+
+The model crosses the jit boundary as `nnx.split` state (`graphdef` is static, the parameters
+are traced), so each step is a pure function of its arguments.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from seq2seq.data.special_ids import PAD_ID
+from seq2seq.runs.train_state import TrainState
+
+
+def cross_entropy(logits, targets, label_smoothing: float):
+  """Summed label-smoothed loss and NLL over non-PAD targets, from one log-normalizer.
+
+  Smoothing mixes the one-hot target with the uniform distribution, so the
+  smoothed cross-entropy of a token is `(1 - eps) * nll + eps * mean_v(-log p_v)`.
+  With `log p_v = z_v - lse(z)` both terms need only `lse(z)`, the target's logit
+  and the mean logit: no `[tokens, vocab]` one-hot and no second softmax.
+
+  Args:
+    logits: `[batch, t, vocab]` (computed in float32).
+    targets: `[batch, t]` ids, PAD_ID where there is no target.
+
+  Returns:
+    dict of sums: `loss` (smoothed), `nll` (unsmoothed), `tokens` (count).
+  """
+  logits = logits.astype(jnp.float32)
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [batch, t]
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = log_normalizer - target_logit
+  loss = nll
+  if label_smoothing:
+    uniform = log_normalizer - jnp.mean(logits, axis=-1)  # mean_v(-log p_v)
+    loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+  return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
+          "tokens": jnp.sum(weights)}
+
+
+def _packing(batch: dict, side: str) -> dict:
+  """The segment ids and positions of a packed batch's `side` ("src" or "tgt"), if any."""
+  return {name: batch[f"{side}_{name}"] for name in ("segments", "positions")
+          if f"{side}_{name}" in batch}
+
+
+def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
+               label_smoothing: float, accum_steps: int = 1):
+  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`.
+
+  The gradient is that of the token-summed loss divided by the batch's token
+  count. With `accum_steps` k > 1, rows i, i + k, i + 2k, ... form micro-batch
+  i (so every device holds a share of each); their summed gradients give the
+  same update as the whole batch at once, in about 1/k of the activation memory.
+  """
+  # Folding in the step makes dropout a function of the step: resume is exact.
+  step_key = jax.random.fold_in(dropout_key, state.step)
+
+  def summed_grads(micro_batch, key):
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params)
+      rngs = nnx.Rngs(dropout=key)
+      memory = model.encode(micro_batch["src"], **_packing(micro_batch, "src"), rngs=rngs)
+      logits = model.decode(memory, micro_batch["tgt_in"], **_packing(micro_batch, "tgt"),
+                            rngs=rngs)
+      sums = cross_entropy(logits, micro_batch["tgt_out"], label_smoothing)
+      return sums["loss"], sums
+
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return grads, sums
+
+  if accum_steps == 1:
+    grads, sums = summed_grads(batch, step_key)
+  else:
+    # [rows, ...] -> [k, rows / k, ...] with micro-batch i = rows i::k.
+    micro = jax.tree.map(lambda x: x.reshape(-1, accum_steps, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def accumulate(total, xs):
+      i, micro_batch = xs
+      part = summed_grads(micro_batch, jax.random.fold_in(step_key, i))
+      return jax.tree.map(jnp.add, total, part), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                         jax.eval_shape(summed_grads, first, step_key))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(sums, grad_norm=optax.tree.norm(grads))
+  return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def train_steps(state: TrainState, batches: dict, dropout_key, **train_step_kwargs):
+  """`train_step` on each of k stacked batches (`[k, rows, L]`), one after the other, in one
+  program: `(state, batches, key) -> (state, metrics stacked [k])`. Step i's update is the
+  one `train_step` makes alone, dropout included (its key folds in the state's step)."""
+  def step(state, batch):
+    return train_step(state, batch, dropout_key, **train_step_kwargs)
+
+  return jax.lax.scan(step, state, batches)
+
+
+def eval_step(params, batch, *, graphdef):
+  """Summed NLL and token count of a batch, without dropout or smoothing."""
+  model = nnx.merge(graphdef, params)
+  memory = model.encode(batch["src"], **_packing(batch, "src"))
+  logits = model.decode(memory, batch["tgt_in"], **_packing(batch, "tgt"))
+  return cross_entropy(logits, batch["tgt_out"], 0.0)
