@@ -84,6 +84,7 @@ def test_profile_shares_add_up_and_rank_instructions():
   assert result["top"][0]["shape"].startswith("f32[256,256]")
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_profile_benchmarks_cover_each_mode():
   results = benchmark.profile_benchmarks(layers=1, dim=32, heads=2, mlp=64, vocab=100, batch=4,
                                          length=6, decode_batch=2, src_len=5, out_len=4,
@@ -129,6 +130,7 @@ def test_the_padding_benchmark_scores_the_grid_against_two_lengths(tiny_config):
     assert r["grid_padding"] == round(r["grid_padded"] / r["tokens"] - 1, 4)
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_config):
   results = startup.compile_benchmark(tiny_config, [1])
   assert len(results) == 1 and results[0]["threads"] == 1
@@ -139,6 +141,7 @@ def test_the_compile_benchmark_compiles_a_runs_programs_then_runs_them(tiny_conf
   assert results[0]["step_seconds"] > 0 and results[0]["search_seconds"] > 0
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_the_calls_benchmark_runs_the_loops_calls(tiny_config):
   results = startup.calls_benchmark(tiny_config, [1, 2], steps=4)
   assert [(r["steps_per_call"], r["steps"]) for r in results] == [(1, 4), (2, 4)]

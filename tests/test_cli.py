@@ -20,6 +20,7 @@ from seq2seq.runs.checkpoints import Checkpoints
 from tests.helpers import ENV, ROOT, console_scripts, snapshot, train_command, train_script
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_override_reaches_model_and_finished_run_is_not_retrained(tmp_path):
   workdir = tmp_path / "run"
   first = train_script(workdir, "--config.train.num_steps=4", "--config.eval.every_steps=4",
@@ -40,6 +41,7 @@ def test_override_reaches_model_and_finished_run_is_not_retrained(tmp_path):
   assert snapshot(workdir) == before
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_sigterm_saves_a_checkpoint_at_the_current_step_and_exits_cleanly(tmp_path):
   workdir = tmp_path / "run"
   cmd = train_command(workdir, "--config.train.num_steps=100000",

@@ -156,6 +156,7 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   assert compare_val(alpha=0.6)["val_bleu"] == 99.0  # Step 4 again: its result, cached.
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
   workdir = small_run(run, tmp_path / "run")
   sources = [s for s, _ in VAL]

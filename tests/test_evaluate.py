@@ -12,7 +12,8 @@ import pytest
 
 from seq2seq import config as config_lib
 from seq2seq.data import textio
-from seq2seq.decoding.translator import Translator, alignment
+from seq2seq.decoding.alignment import alignment
+from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, scores
 from seq2seq.runs import selection, train_state
@@ -77,6 +78,7 @@ def test_an_interrupted_write_keeps_the_old_file_and_no_temporary(tmp_path):
   assert path.read_text(encoding="utf-8") == "a\nb c\n"
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
   src, ref = tmp_path / "src.en", tmp_path / "ref.de"
   src.write_text("A man rides a bike.\nTwo dogs play.\nA woman is cooking.\n", encoding="utf-8")
@@ -134,6 +136,7 @@ def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
   assert out.read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_checkpoint_choice_is_made_on_validation_and_reused_for_test(run, tmp_path):
   """Each candidate scores as it would alone; the best is recorded and `selected` restores it."""
   workdir = tmp_path / "run"

@@ -62,6 +62,7 @@ def _params(workdir, step: int):
   return jax.tree.leaves(Checkpoints(workdir, keep=2).restore(step, trainer_like).params)
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_a_two_seed_sweep_lowers_one_train_program_whose_members_equal_the_runs_alone(group,
                                                                                       alone):
   """One trace of the train step (one batch shape), not one per seed; each member has the

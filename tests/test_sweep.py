@@ -50,6 +50,7 @@ def test_a_failing_run_is_reported_and_the_others_still_train(swept, tmp_path):
   assert status["max_len-16"] == "trained"  # ... and the sweep goes on.
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_a_run_another_sweep_trains_is_left_to_it_and_not_a_failure(swept, tmp_path):
   c, _, _ = swept
   busy = tmp_path / "seed-0"
@@ -88,6 +89,7 @@ def test_compare_writes_table_and_pictures(swept):
   assert "paired bootstrap" in (root / "report" / "comparison.md").read_text()
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_a_run_against_itself_is_not_significant(swept):
   _, root, _ = swept
   run = root / "attention-dot"

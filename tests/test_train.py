@@ -123,6 +123,7 @@ def test_loss_equals_one_hot_softmax_cross_entropy(smoothing):
   np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits), atol=1e-6)
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
   """Stopping after 3 steps and resuming to 6 gives the uninterrupted run's parameters."""
   tiny_config.train.num_steps = 6
@@ -149,6 +150,7 @@ def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_several_steps_per_call_train_as_one_step_per_call(tmp_path, tiny_config, monkeypatch):
   """config.train.steps_per_call=4: calls of 4 steps (lax.scan), single steps before each
   action a call would pass (validation and records at 5 and 10: calls 1-4, 6-9). The losses
@@ -214,7 +216,13 @@ def tiny_batches(tmp_path_factory):
   return c, tok.vocab_size, [batches(i) for i in range(3)]
 
 
-@pytest.mark.parametrize("family,name", VARIANTS, ids=[f"{f}-{n}" for f, n in VARIANTS])
+# One variant of each family in the default run; every other with -m slow (~5 s each).
+DEFAULT_RUN_VARIANTS = {("transformer", "dot"), ("rnn", "general")}
+
+
+@pytest.mark.parametrize("family,name", [
+    pytest.param(f, n, marks=() if (f, n) in DEFAULT_RUN_VARIANTS else pytest.mark.slow)
+    for f, n in VARIANTS], ids=[f"{f}-{n}" for f, n in VARIANTS])
 def test_every_variant_trains_on_tiny(tiny_batches, family, name):
   """A few dozen steps on three real batches: the loss falls for every variant."""
   c, vocab, batches = tiny_batches
@@ -411,6 +419,7 @@ def test_a_killed_holder_does_not_block_the_workdir(tmp_path):
     assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_resuming_from_an_earlier_checkpoint_logs_each_step_once(tmp_path, tiny_config):
   tiny_config.train.num_steps, tiny_config.eval.every_steps = 6, 3
   tiny_config.train.log_every_steps = 1

@@ -63,6 +63,7 @@ def _shrunk(name: str):
   return c
 
 
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
 def test_config_trains_on_mock_wmt14(tmp_path):
   """The base config, shrunk. (The big one, shrunk, differs only in dropout and learning rate:
   the same code path. That it loads and validates: test_config_follows_the_paper_and_validates.)
