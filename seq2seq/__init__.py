@@ -12,6 +12,7 @@ this list (tests/test_structure.py checks it, from each package's "May import:" 
   evaluation/           sacreBLEU scores, evaluating checkpoints, pictures
   training/             the loop, the trainer, its steps, actions and metrics log
   compare/              sweeps, cached evaluations, statistics, reports
+  serve/                the translation server and its attention explorer
   performance/          benchmarks, profiles, the side-by-side against flax's wmt example
   commands/             the command-line commands, one module each
 """

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -258,3 +259,13 @@ def console_scripts() -> dict[str, str]:
              if "=" in line]
   return {name.strip(): value.strip().strip('"') for name, value in
           (line.split("=", 1) for line in entries)}
+
+
+# --- Servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+  """A TCP port of 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

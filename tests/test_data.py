@@ -390,6 +390,27 @@ def test_train_batches_have_at_most_num_buckets_shapes():
   assert epoch(two) == epoch(every) and len(epoch(two)) == two.num_examples  # Each once.
 
 
+def test_one_length_batches_pad_each_sentence_to_its_own_grid_length():
+  """`one_length=True` (translation): a sentence's batch length is a function of the sentence
+  alone, so translating it with any other sentences gives it the same decoding cap."""
+  src, _ = _synthetic(103)
+  empty = [np.zeros(0, np.int32)] * len(src)
+  batches = batching.eval_batches(src, empty, batch_size=16, max_len=64, one_length=True)
+  seen = []
+  for b in batches:
+    rows = [int(i) for i in b["index"] if i >= 0]
+    assert {batching.grid_length(len(src[i]) + 1, 64) for i in rows} == {b["src"].shape[1]}
+    seen += rows
+  assert sorted(seen) == list(range(103))
+  # Alone, or with any others, a sentence is padded to the same length.
+  alone = batching.eval_batches(src[7:8], empty[7:8], batch_size=16, max_len=64,
+                                one_length=True)
+  assert alone[0]["src"].shape[1] == next(b["src"].shape[1] for b in batches if 7 in b["index"])
+  # Mixed batches (validation's) would have padded some sentences past their own length.
+  mixed = batching.eval_batches(src, empty, batch_size=16, max_len=64)
+  assert len(mixed) < len(batches)
+
+
 def test_eval_batches_pad_to_the_grid_so_that_similar_sets_share_shapes():
   assert batching.grid_lengths(64) == [8, 16, 24, 32, 48, 64]
   assert batching.grid_lengths(100) == [8, 16, 24, 32, 48, 64, 96, 100]  # Capped by max_len.

@@ -70,7 +70,9 @@ SHORT_BENCHMARK = ["--layers=1", "--dim=32", "--heads=2", "--mlp=64", "--vocab=5
 # Blocks not run here, and why.
 NOT_RUN = {"pip install": "installs the project: .ci/run does, on a fresh machine",
            "pytest": "the suite this test is part of",
-           "seq2seq-side-by-side": "downloads flax's source; tests download nothing"}
+           "seq2seq-side-by-side": "downloads flax's source; tests download nothing",
+           "seq2seq-serve": "serves until stopped: tests/test_serve.py runs it, then the curl line",
+           "curl ": "asks the server above: tests/test_serve.py runs it"}
 
 
 def bash_blocks(doc: Path) -> list[str]:

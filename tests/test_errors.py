@@ -692,7 +692,7 @@ COMMANDS = [
      " choose sizes where it is"),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
      "flag --mode=['nope']: --mode takes some of train, decode, padding, compile, calls, seeds,"
-     " saves (comma-separated)"),
+     " saves, serve (comma-separated)"),
     ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
      "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],

@@ -8,5 +8,5 @@ Each command module defines its flags on absl's global `FLAGS` when imported, as
 do, so a process imports one command (two that share a flag name would collide).
 
 May import: shared, runtime, data, models, runs, decoding, evaluation, training, compare,
-performance.
+serve, performance.
 """

@@ -27,6 +27,14 @@ back once per call as in training. seeds: steps/s of S seeds trained as one
 program, for each S of --seeds (1: the run alone), and each one's wall time per
 step against the first's. saves: seconds per checkpoint save of the run's train
 state, waited for and written in the background (the loop's stall, the write).
+
+  seq2seq-benchmark --mode=serve --workdir=runs/m30k_transformer [--checkpoint=best] \
+      [--clients=32 --requests=500 --serve_batch=8 --beams=4]
+
+serve: seq2seq-serve's latency (p50/p99) for single sentences from one client,
+its sentences/s and latency under --clients concurrent clients sending --requests
+one-sentence requests of the run's test split, and seq2seq-translate's batch
+throughput on the same sentences (server_share: the server's fraction of it).
 """
 
 import functools
@@ -39,7 +47,16 @@ from seq2seq.errors import UserError
 from seq2seq.performance import benchmark, startup
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
-                          " padding, compile, calls, seeds, saves (these five of --config's run).")
+                          " padding, compile, calls, seeds, saves (these five of --config's run),"
+                          " serve (of --workdir's run).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "serve: the run to serve.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "serve: its checkpoint (as"
+                                  " seq2seq-serve takes it).")
+_CLIENTS = flags.DEFINE_integer("clients", 32, "serve: concurrent clients.", lower_bound=1)
+_REQUESTS = flags.DEFINE_integer("requests", 500, "serve: requests in all, one sentence each.",
+                                 lower_bound=1)
+_SERVE_BATCH = flags.DEFINE_integer("serve_batch", 8, "serve: the server's --batch_size.",
+                                    lower_bound=1)
 _CONFIG = define_config_flag()
 _CALLS = flags.DEFINE_list("steps_per_call", ["1", "4", "8"], "calls: steps per call to compare.")
 _SEEDS = flags.DEFINE_list("seeds", ["1", "2", "3"], "seeds: seeds per program to compare.")
@@ -70,7 +87,7 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
 
 
 STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves")  # Of --config's run.
-MODES = ("train", "decode", *STARTUP_MODES)
+MODES = ("train", "decode", *STARTUP_MODES, "serve")
 
 
 def _whole_numbers(values: list[str], low: int) -> bool:
@@ -106,6 +123,8 @@ def _measure() -> None:
       print(json.dumps(result), flush=True)
   if set(STARTUP_MODES) & set(_MODE.value):
     _startup(_MODE.value)
+  if "serve" in _MODE.value:
+    _serve()
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
         **sizes, batch=_BATCH.value, length=_LENGTH.value, dtype=_DTYPE.value,
@@ -131,3 +150,14 @@ def _startup(modes: list[str]) -> None:
     if mode in modes:
       for result in measure(_CONFIG.value):
         print(json.dumps(result), flush=True)
+
+
+def _serve() -> None:
+  if _WORKDIR.value is None:
+    raise UserError("--mode=serve measures a trained run's server; pass --workdir=RUN.")
+  from seq2seq.performance import serving  # The [serve] extra.
+
+  for result in serving.serve_benchmark(_WORKDIR.value, _CHECKPOINT.value,
+                                        beam=int(_BEAMS.value[-1]), batch_size=_SERVE_BATCH.value,
+                                        clients=_CLIENTS.value, requests=_REQUESTS.value):
+    print(json.dumps(result), flush=True)

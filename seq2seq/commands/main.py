@@ -75,3 +75,8 @@ def plot_attention() -> None:
 def side_by_side() -> None:
   """`seq2seq-side-by-side`: this project's speed against flax examples/wmt."""
   run("side_by_side")
+
+
+def serve() -> None:
+  """`seq2seq-serve`: a translation API and the attention explorer over HTTP."""
+  run("serve")

@@ -11,7 +11,8 @@ import csv
 from pathlib import Path
 
 from seq2seq.compare.stats import length_buckets
-from seq2seq.decoding.translator import Translator, alignment
+from seq2seq.decoding.alignment import alignment
+from seq2seq.decoding.translator import Translator
 from seq2seq.evaluation import plots
 
 

@@ -309,7 +309,7 @@ def grid_length(length: int, max_len: int) -> int:
 
 
 def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,
-                 max_len: int) -> list[dict[str, np.ndarray]]:
+                 max_len: int, one_length: bool = False) -> list[dict[str, np.ndarray]]:
   """Every pair of a split exactly once, in batches of similar lengths on the `GRID`.
 
   Args:
@@ -318,6 +318,10 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
     batch_size: rows of every batch (the last is completed with PAD rows).
     max_len: truncate each side to `max_len - 1` ids so that with EOS/BOS it fits in
       `max_len`, the grid's cap (config.model.max_len).
+    one_length: each batch holds examples of one grid length only, so every example is
+      padded to its own length. Translation asks for it: the decoding cap is a function of
+      the padded source length, so a sentence's translation then depends on it alone, not
+      on the other sentences it shares a batch with.
 
   Returns:
     Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`, L from
@@ -333,12 +337,15 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
   lengths = np.maximum(src_len, tgt_len) + 1
   # By padded length, then source length (which bounds the decoding length).
   order = np.lexsort((src_len, lengths))
+  padded = np.array([grid_length(int(n), max_len) for n in lengths[order]], dtype=np.int64)
+  groups = [order[padded == n] for n in np.unique(padded)] if one_length else [order]
   batches = []
-  for i in range(0, len(order), batch_size):
-    examples = order[i:i + batch_size]
-    index = np.full(batch_size, -1, np.int32)
-    index[:len(examples)] = examples
-    batch = _fill(src_ids, tgt_ids, index, grid_length(int(lengths[examples].max()), max_len))
-    batch["index"] = index
-    batches.append(batch)
+  for group in groups:
+    for i in range(0, len(group), batch_size):
+      examples = group[i:i + batch_size]
+      index = np.full(batch_size, -1, np.int32)
+      index[:len(examples)] = examples
+      batch = _fill(src_ids, tgt_ids, index, grid_length(int(lengths[examples].max()), max_len))
+      batch["index"] = index
+      batches.append(batch)
   return batches

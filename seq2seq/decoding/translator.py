@@ -2,12 +2,14 @@
 checkpoint, an average of several, or an ensemble) and translates text with greedy search,
 beam search or sampling, compiled once per source shape."""
 
+import copy
 import functools
 import json
 import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.data import batching
-from seq2seq.data.special_ids import BOS_ID, EOS_ID, UNK_ID
+from seq2seq.data.special_ids import EOS_ID, UNK_ID
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
 from seq2seq.decoding import search
@@ -190,6 +192,19 @@ def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Pat
   return [(workdir, str(step)) for step in steps[-int(n):]]
 
 
+class Hypothesis(NamedTuple):
+  """A translation: its detokenized text, its score, and its output ids."""
+  text: str
+  score: float
+  ids: np.ndarray
+
+
+def _through_eos(ids: np.ndarray) -> np.ndarray:
+  """Output ids up to and including EOS (all of them where the search stopped before it)."""
+  ends = np.flatnonzero(ids == EOS_ID)
+  return ids[:ends[0] + 1] if len(ends) else ids
+
+
 class Translator:
   """A run's model and vocabulary, ready to translate.
 
@@ -291,8 +306,10 @@ class Translator:
     program per batch shape: per sentence, its n-best (output ids, score)."""
     results: list = [None] * len(src_ids)
     empty = [np.zeros(0, np.int32)] * len(src_ids)
+    # One grid length per batch: a sentence's decoding cap, and so its translation, are its
+    # own, whatever sentences it is translated with.
     batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
-                                    max_len=self.config.model.max_len)
+                                    max_len=self.config.model.max_len, one_length=True)
     params = compiling.shapes(self.params)  # As the trainer compiled them ahead.
     for batch in batches:  # Every shape compiles at once, in parallel.
       self._search.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
@@ -309,8 +326,13 @@ class Translator:
     An empty (or whitespace-only) input is not fed to the model: its
     translation is the empty string.
     """
+    return [[(h.text, h.score) for h in nbest] for nbest in self.hypotheses(texts)]
+
+  def hypotheses(self, texts: Sequence[str]) -> list[list[Hypothesis]]:
+    """`translate`, with the output ids of each hypothesis (up to EOS, which they include
+    where the search reached it)."""
     todo = [i for i, text in enumerate(texts) if text.strip()]
-    src_ids = [np.asarray(self.tokenizer.encode(texts[i]), np.int32) for i in todo]
+    src_ids = [self.source_ids(texts[i]) for i in todo]
     longest = self.config.model.max_len - 1  # With EOS, a source fills model.max_len.
     cut = sum(len(ids) > longest for ids in src_ids)
     if cut:
@@ -325,27 +347,36 @@ class Translator:
                   " %r in line %d); the model reads them as unknown words, and its output"
                   " shows them as ⁇.", len(unknown), len(texts), example, unknown[0] + 1)
     translated = self.search_ids(src_ids)
-    results = [[("", 0.0)] * self.nbest for _ in texts]
+    empty = Hypothesis("", 0.0, np.zeros(0, np.int32))
+    results = [[empty] * self.nbest for _ in texts]
     for i, nbest in zip(todo, translated, strict=True):
-      results[i] = [(self.tokenizer.decode(ids), score) for ids, score in nbest]
+      results[i] = [Hypothesis(self.tokenizer.decode(ids), score, _through_eos(ids))
+                    for ids, score in nbest]
     return results
 
+  def source_ids(self, text: str) -> np.ndarray:
+    """The source subword ids of `text`, without EOS."""
+    return np.asarray(self.tokenizer.encode(text), np.int32)
 
-def alignment(translator: Translator, text: str):
-  """Translates `text` and returns the attention of each output subword.
+  def with_search(self, beam_size: int, nbest: int = 1) -> "Translator":
+    """This translator with another beam and n-best: the same parameters and vocabulary (not
+    copied), its own search, compiled per source shape as this one's."""
+    check_search(beam_size, self.alpha)
+    if not 1 <= nbest <= beam_size:
+      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    other = copy.copy(self)
+    other.beam_size, other.nbest = beam_size, nbest
+    other.strategy = search_strategy(beam_size, self.alpha, nbest)
+    other._search = search_programs(self.graphdef, self.config, other.strategy)
+    return other
 
-  Returns:
-    (weights `[layers, heads, tgt_len, src_len]`, source subwords, target subwords),
-    where the source ends with `</s>` and the target is the best translation + `</s>`.
-  """
-  src = np.asarray(translator.tokenizer.encode(text), np.int32)
-  if not len(src):
-    raise UserError("--text is empty; pass a sentence to translate.")
-  out = translator.search_ids([src])[0][0][0]
-  out = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
-  src_ids = np.concatenate([src, [EOS_ID]])[None]
-  tgt_in = np.concatenate([[BOS_ID], out[:-1]])[None].astype(np.int32)
-  model = nnx.merge(translator.graphdef, translator.params)
-  weights = model.attention_weights(model.encode(jnp.asarray(src_ids)), jnp.asarray(tgt_in))
-  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids[0]),
-          translator.tokenizer.pieces(out))
+  def compile_ahead(self, longest: int) -> int:
+    """Compiles the search for every batch of sources up to `longest` subwords (EOS included)
+    at once, so that no translation of such sources compiles; returns the programs' count."""
+    params = compiling.shapes(self.params)
+    for n in batching.grid_lengths(self.config.model.max_len):
+      if n > batching.grid_length(longest, self.config.model.max_len):
+        break
+      self._search.add(params, jax.ShapeDtypeStruct((self.batch_size, n), np.int32))
+    self._search.wait()
+    return len(self._search)

@@ -9,7 +9,7 @@ matplotlib.use("Agg")  # Files only: no display is needed (or present on servers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from seq2seq.decoding.translator import alignment  # noqa: E402
+from seq2seq.decoding.alignment import alignment  # noqa: E402
 from seq2seq.errors import UserError  # noqa: E402
 
 

@@ -2,5 +2,5 @@
 steps per call, seeds and saves (`startup`), where an XLA program's time goes (`profile`),
 and the side-by-side against flax's examples/wmt at equal shapes (`side_by_side`).
 
-May import: shared, runtime, data, models, runs, decoding, training.
+May import: shared, runtime, data, models, runs, decoding, training, serve.
 """

@@ -1,0 +1,103 @@
+"""The attention of a translation: for each output subword, its weights over the source
+subwords (the Transformer's cross-attention per layer and head, the RNN's alignment).
+
+`alignment` computes it op by op for one sentence, for pictures. `Alignments` compiles it
+ahead per source length of the grid, as the searches are, for a server that must never
+compile while it answers.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from seq2seq.data import batching
+from seq2seq.data.special_ids import BOS_ID, EOS_ID
+from seq2seq.decoding import search
+from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
+from seq2seq.runtime import compiling
+
+
+def _inputs(src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The model's inputs for the attention of output `out` (ids through EOS) on source `src`
+  (ids without EOS): the source with EOS, and the teacher-forced target (BOS, then `out`
+  but its last)."""
+  return (np.concatenate([src, [EOS_ID]]).astype(np.int32),
+          np.concatenate([[BOS_ID], out[:-1]]).astype(np.int32))
+
+
+def alignment(translator: Translator, text: str):
+  """Translates `text` and returns the attention of each output subword.
+
+  Returns:
+    (weights `[layers, heads, tgt_len, src_len]`, source subwords, target subwords),
+    where the source ends with `</s>` and the target is the best translation + `</s>`.
+  """
+  src = translator.source_ids(text)
+  if not len(src):
+    raise UserError("--text is empty; pass a sentence to translate.")
+  out = translator.hypotheses([text])[0][0].ids
+  src_ids, tgt_in = _inputs(src, out)
+  model = nnx.merge(translator.graphdef, translator.params)
+  weights = model.attention_weights(model.encode(jnp.asarray(src_ids[None])),
+                                    jnp.asarray(tgt_in[None]))
+  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids),
+          translator.tokenizer.pieces(out))
+
+
+def _weights(params, src, tgt_in, *, graphdef):
+  """`[layers, heads, tgt_len, src_len]` attention of one sentence (`src`, `tgt_in`: [1, n])."""
+  model = nnx.merge(graphdef, params)
+  return model.attention_weights(model.encode(src), tgt_in)[:, 0]
+
+
+class Alignments:
+  """`alignment`'s weights for a translator's hypotheses, compiled ahead: one program per
+  source length of the grid (up to `longest` subwords, EOS included), whose target length is
+  the longest output the search gives such a source. Padding is masked out of the source and
+  comes after the target, so the weights equal those of the sentence alone (to float
+  rounding)."""
+
+  def __init__(self, translator: Translator, longest: int):
+    if isinstance(translator.graphdef, tuple):
+      raise UserError("An ensemble has no one attention to show; serve its runs one by one.")
+    self.translator, c = translator, translator.config
+    self.lengths = [n for n in batching.grid_lengths(c.model.max_len)
+                    if n <= batching.grid_length(longest, c.model.max_len)]
+    self._programs = compiling.Programs(
+        "attention", jax.jit(functools.partial(_weights, graphdef=translator.graphdef)),
+        lambda params, src, tgt_in: (src.shape, tgt_in.shape),
+        options=compiling.compiler_options(c.compile.eval_options), threads=c.compile.threads)
+
+  def _target_length(self, n: int) -> int:
+    e, c = self.translator.config.eval, self.translator.config
+    return search.max_decode_len(n, e.max_decode_len_a, e.max_decode_len_b, c.model.max_len)
+
+  def compile_ahead(self) -> int:
+    """Compiles every program; returns their count."""
+    params = compiling.shapes(self.translator.params)
+    for n in self.lengths:
+      self._programs.add(params, jax.ShapeDtypeStruct((1, n), np.int32),
+                         jax.ShapeDtypeStruct((1, self._target_length(n)), np.int32))
+    self._programs.wait()
+    return len(self._programs)
+
+  def __call__(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`[layers, heads, len(out), len(src) + 1]` weights of output `out` (ids through EOS, as
+    `Hypothesis.ids`) on source `src` (ids without EOS, as `Translator.source_ids`)."""
+    src_ids, tgt_in = _inputs(src[:self.translator.config.model.max_len - 1], out)
+    n = next((n for n in self.lengths
+              if n >= len(src_ids) and self._target_length(n) >= len(tgt_in)), None)
+    if n is None:
+      raise ValueError(f"no attention program holds {len(src_ids)} source and {len(tgt_in)}"
+                       f" target subwords (compiled: {self.lengths}).")
+    padded_src = np.zeros((1, n), np.int32)
+    padded_src[0, :len(src_ids)] = src_ids
+    padded_tgt = np.zeros((1, self._target_length(n)), np.int32)
+    padded_tgt[0, :len(tgt_in)] = tgt_in
+    weights = self._programs(self.translator.params, jnp.asarray(padded_src),
+                             jnp.asarray(padded_tgt))
+    return np.asarray(jax.device_get(weights))[:, :, :len(tgt_in), :len(src_ids)]

@@ -1,0 +1,144 @@
+"""The HTTP side: FastAPI routes over an `Engine`.
+
+  GET  /            the attention explorer (static/: every file local, nothing from a CDN)
+  GET  /runs        the runs served, with what the page needs to know of each
+  POST /translate   sentences in, translations (and scores, n-best lists, attention) out
+  GET  /docs        the OpenAPI page (Swagger UI from the swagger-ui-bundle package)
+
+Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}`.
+"""
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+import swagger_ui_bundle
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+from seq2seq.serve.engine import BadRequest, Engine
+
+STATIC = Path(__file__).parent / "static"
+
+
+class TranslateRequest(BaseModel):
+  """Sentences to translate, one per entry, and how."""
+  model_config = ConfigDict(extra="forbid")
+  text: list[str] | str = Field(description="One sentence, or a list of sentences.",
+                                examples=[["A dog runs on the beach."]])
+  run: str | None = Field(None, description="The run's name (GET /runs); needed when the"
+                                            " server has several.")
+  beam: int | None = Field(None, description="Beam size: one of the run's served beams"
+                                             " (default: the first).")
+  nbest: int = Field(1, description="Hypotheses per sentence, 1 to the beam.")
+  attention: bool = Field(False, description="Also return the attention of each best"
+                                             " translation.")
+
+
+class Hypothesis(BaseModel):
+  translation: str
+  score: float
+
+
+class Attention(BaseModel):
+  source: list[str] = Field(description="Source subwords, ending with </s>.")
+  target: list[str] = Field(description="Target subwords of the best translation, with </s>"
+                                        " where the search reached it.")
+  weights: list[list[list[list[float]]]] = Field(
+      description="[layer][head][target][source]; the RNN has one layer and one head.")
+
+
+class TranslateResponse(BaseModel):
+  run: str
+  beam: int
+  translations: list[str] = Field(description="The best translation of each sentence, in"
+                                              " order.")
+  scores: list[float] = Field(description="Their length-normalized log-probabilities.")
+  nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each"
+                                                                 " sentence's n best.")
+  attention: list[Attention] | None = None
+
+
+def _one_line(error: RequestValidationError) -> str:
+  """The first problem pydantic found, as one line naming the field."""
+  first = error.errors()[0]
+  if first["type"] == "json_invalid":
+    return f"the body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})."
+  where = ".".join(str(part) for part in first["loc"] if part != "body") or "the body"
+  return f"{where}: {first['msg']}."
+
+
+@contextlib.contextmanager
+def serving_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+  """Serves `app` with uvicorn in a thread (on a free port by default): yields its URL once it
+  listens, and stops it after."""
+  import uvicorn
+
+  if not port:
+    with socket.socket() as probe:
+      probe.bind((host, 0))
+      port = probe.getsockname()[1]
+  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+  thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 60
+  while not server.started:
+    if not thread.is_alive() or time.monotonic() > deadline:
+      raise RuntimeError(f"the server did not start on {host}:{port}")
+    time.sleep(0.02)
+  try:
+    yield f"http://{host}:{port}"
+  finally:
+    server.should_exit = True
+    thread.join(timeout=60)
+
+
+def create_app(engine: Engine) -> FastAPI:
+  """The server's routes over `engine` (started by the caller)."""
+  app = FastAPI(title="seq2seq", description="Translate with trained runs; see their"
+                                             " attention.", docs_url=None, redoc_url=None)
+  app.mount("/static", StaticFiles(directory=STATIC), name="static")
+  app.mount("/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+
+  @app.exception_handler(BadRequest)
+  def bad_request(request: Request, error: BadRequest):
+    del request
+    return JSONResponse({"detail": error.reason}, status_code=error.status)
+
+  @app.exception_handler(RequestValidationError)
+  def invalid(request: Request, error: RequestValidationError):
+    del request
+    return JSONResponse({"detail": _one_line(error)}, status_code=422)
+
+  @app.get("/", include_in_schema=False)
+  def page():
+    return FileResponse(STATIC / "index.html")
+
+  @app.get("/docs", include_in_schema=False)
+  def docs():
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="seq2seq API",
+                               swagger_js_url="/swagger/swagger-ui-bundle.js",
+                               swagger_css_url="/swagger/swagger-ui.css",
+                               swagger_favicon_url="/swagger/favicon-32x32.png")
+
+  @app.get("/runs")
+  def runs() -> dict:
+    """The runs served: name, family, attention, checkpoint, beams, longest sentence."""
+    return {"runs": [run.info() for run in engine.runs.values()],
+            "limits": {"max_lines": engine.limits.max_lines,
+                       "max_chars": engine.limits.max_chars}}
+
+  @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
+  def translate(request: TranslateRequest) -> dict:
+    """Translates each sentence of `text` with a run; requests that arrive together are
+    translated together, in the compiled batch shapes."""
+    return engine.translate(request.text, request.run, request.beam, request.nbest,
+                            request.attention)
+
+  return app

@@ -1,0 +1,225 @@
+"""What the server computes, apart from HTTP: the runs it serves, each loaded once with its
+searches and attention compiled at start-up, and one worker that translates the requests
+waiting together as one list, so that they share batches.
+
+A request is checked whole before it waits (`BadRequest`: a status and one line); the worker
+then groups the waiting requests by run and search, translates each group's sentences with
+one `Translator.hypotheses` call (batches of the compiled shapes), and answers each request
+with its own lines, in order.
+"""
+
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from seq2seq.data.special_ids import EOS_ID
+from seq2seq.decoding.alignment import Alignments
+from seq2seq.decoding.translator import Hypothesis, Translator
+from seq2seq.errors import UserError
+
+log = logging.getLogger("seq2seq")
+
+
+class BadRequest(Exception):
+  """A request the server refuses: its HTTP status and one line that says why."""
+
+  def __init__(self, status: int, reason: str):
+    super().__init__(reason)
+    self.status, self.reason = status, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one request may ask (`seq2seq-serve`'s flags)."""
+  max_lines: int = 64  # Sentences per request.
+  max_chars: int = 1000  # Characters per sentence.
+
+
+class ServedRun:
+  """One run, loaded once: a search per served beam (with one hypothesis, and with the beam's
+  n-best), and its attention, each compiled for sources up to `max_subwords` subwords (by
+  default as long as the run's training pairs, config.data.max_len)."""
+
+  def __init__(self, name: str, workdir: Path, checkpoint: str, beams: Sequence[int],
+               alpha: float, batch_size: int, max_subwords: int | None = None):
+    self.name, self.beams = name, tuple(beams)
+    first = Translator(workdir, checkpoint, beam_size=beams[0], alpha=alpha,
+                       batch_size=batch_size)
+    self.config = first.config
+    model_limit = first.config.model.max_len - 1  # With EOS, a source fills model.max_len.
+    if max_subwords is not None and not 1 <= max_subwords <= model_limit:
+      raise UserError(f"--max_subwords={max_subwords} must be between 1 and {model_limit}"
+                      f" (config.model.max_len of {workdir}, less EOS).")
+    # The longest source with EOS: the server compiles for these and no other.
+    self.longest = 1 + (max_subwords or min(first.config.data.max_len - 1, model_limit))
+    self.searches = {(beams[0], 1): first}
+    for beam in beams:
+      for nbest in sorted({1, beam}):
+        if (beam, nbest) not in self.searches:
+          self.searches[beam, nbest] = first.with_search(beam, nbest)
+    self.alignments = Alignments(first, self.longest)
+    self.tokenizer = first.tokenizer
+
+  def compile_ahead(self) -> int:
+    """Compiles every program the run will answer with; returns their count."""
+    return (sum(t.compile_ahead(self.longest) for t in self.searches.values())
+            + self.alignments.compile_ahead())
+
+  def info(self) -> dict:
+    """What the page and `GET /runs` show of the run."""
+    m, t = self.config.model, next(iter(self.searches.values()))
+    return {"name": self.name, "family": m.family, "attention": m.attention,
+            "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
+            "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
+            "max_subwords": self.longest - 1}
+
+
+@dataclasses.dataclass
+class _Job:
+  run: ServedRun
+  lines: list[str]
+  beam: int
+  nbest: int
+  attention: bool
+  answer: concurrent.futures.Future = dataclasses.field(
+      default_factory=concurrent.futures.Future)
+
+
+class Engine:
+  """The runs by name, the limits, and the worker that translates. `start()` starts the
+  worker; `close()` stops it once the requests waiting are answered."""
+
+  def __init__(self, runs: Sequence[ServedRun], limits: Limits = Limits()):
+    self.runs = {run.name: run for run in runs}
+    self.limits = limits
+    self._queue: queue.Queue[_Job | None] = queue.Queue()
+    self._worker = threading.Thread(target=self._work, name="translate", daemon=True)
+
+  def start(self) -> "Engine":
+    self._worker.start()
+    return self
+
+  def close(self) -> None:
+    if self._worker.is_alive():
+      self._queue.put(None)
+      self._worker.join()
+
+  def translate(self, text: Sequence[str], run: str | None = None, beam: int | None = None,
+                nbest: int = 1, attention: bool = False) -> dict:
+    """The answer to one request (`BadRequest` for one the limits or runs refuse)."""
+    job = self._check(text, run, beam, nbest, attention)
+    self._queue.put(job)
+    return job.answer.result()
+
+  def _check(self, text, run, beam, nbest, attention) -> _Job:
+    """A request as a job, or `BadRequest` naming the first thing wrong with it."""
+    names = ", ".join(self.runs)
+    if run is None:
+      if len(self.runs) > 1:
+        raise BadRequest(400, f"this server has several runs ({names}); name one in 'run'.")
+      run = next(iter(self.runs))
+    if run not in self.runs:
+      raise BadRequest(404, f"run {run!r} is not served here; the runs are: {names}.")
+    served = self.runs[run]
+    beam = served.beams[0] if beam is None else beam
+    if beam not in served.beams:
+      raise BadRequest(400, f"beam {beam} is not served for {run}; use one of"
+                            f" {', '.join(map(str, served.beams))} (seq2seq-serve --beams).")
+    if not 1 <= nbest <= beam:
+      raise BadRequest(400, f"nbest {nbest} must be between 1 and the beam, {beam}.")
+    lines = [text] if isinstance(text, str) else list(text)
+    if not lines:
+      raise BadRequest(400, "'text' holds no sentence; send at least one.")
+    if len(lines) > self.limits.max_lines:
+      raise BadRequest(413, f"'text' holds {len(lines)} sentences; send at most"
+                            f" {self.limits.max_lines} per request (--max_lines).")
+    for i, line in enumerate(lines):
+      if not line.strip():
+        raise BadRequest(400, f"text[{i}] is empty; send sentences with words in them.")
+      if len(line) > self.limits.max_chars:
+        raise BadRequest(413, f"text[{i}] has {len(line)} characters; send at most"
+                              f" {self.limits.max_chars} per sentence (--max_chars).")
+      if "\n" in line or "\r" in line:
+        raise BadRequest(400, f"text[{i}] holds a line break; send one sentence per entry.")
+      length = len(served.tokenizer.encode(line))
+      if length >= served.longest:
+        raise BadRequest(413, f"text[{i}] is {length} subwords long; {run} translates up to"
+                              f" {served.longest - 1} (seq2seq-serve --max_subwords).")
+    return _Job(served, lines, beam, nbest, attention)
+
+  def _work(self) -> None:
+    """Takes every job waiting, translates each group of one run and search together."""
+    while (job := self._queue.get()) is not None:
+      jobs = [job]
+      while True:
+        try:
+          more = self._queue.get_nowait()
+        except queue.Empty:
+          break
+        if more is None:
+          self._queue.put(None)  # Stop once these are answered.
+          break
+        jobs.append(more)
+      groups: dict[tuple, list[_Job]] = {}
+      for j in jobs:
+        key = (j.run.name, j.beam, 1 if j.nbest == 1 else j.beam)
+        groups.setdefault(key, []).append(j)
+      for (_, beam, nbest), group in groups.items():
+        self._answer(group, group[0].run.searches[beam, nbest])
+
+  def _answer(self, jobs: list[_Job], translator: Translator) -> None:
+    """Translates the jobs' sentences as one list and answers each job with its own."""
+    try:
+      hypotheses = translator.hypotheses([line for job in jobs for line in job.lines])
+      start = 0
+      for job in jobs:
+        mine = hypotheses[start:start + len(job.lines)]
+        start += len(job.lines)
+        job.answer.set_result(self._response(job, mine))
+    except Exception as e:  # noqa: BLE001 (every waiting request hears of it)
+      log.exception("Translating %d requests failed", len(jobs))
+      for job in jobs:
+        if not job.answer.done():
+          job.answer.set_exception(e)
+
+  def _response(self, job: _Job, hypotheses: list[list[Hypothesis]]) -> dict:
+    """A job's answer: the best translation and score per sentence, the n-best lists where
+    asked, and the attention of the best where asked."""
+    response = {"run": job.run.name, "beam": job.beam,
+                "translations": [nbest[0].text for nbest in hypotheses],
+                "scores": [nbest[0].score for nbest in hypotheses]}
+    if job.nbest > 1:
+      response["nbest"] = [[{"translation": h.text, "score": h.score} for h in nbest[:job.nbest]]
+                           for nbest in hypotheses]
+    if job.attention:
+      response["attention"] = [self._attention(job.run, line, nbest[0])
+                               for line, nbest in zip(job.lines, hypotheses, strict=True)]
+    return response
+
+  @staticmethod
+  def _attention(run: ServedRun, line: str, best: Hypothesis) -> dict:
+    """The attention of `best`, the translation of `line`: subwords on both sides, weights
+    `[layers][heads][target][source]` rounded to 4 decimals."""
+    src = run.alignments.translator.source_ids(line)
+    weights = run.alignments(src, best.ids)
+    source = np.concatenate([src[:run.longest - 1], [EOS_ID]])
+    return {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(best.ids),
+            "weights": np.round(weights, 4).tolist()}
+
+
+def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
+              batch_size: int, max_subwords: int | None = None) -> list[ServedRun]:
+  """The runs of `--workdir`, each named by its folder (made distinct where two share one)."""
+  from seq2seq.compare.comparison import run_names  # The names the comparison tables use.
+
+  if not workdirs or any(not w.strip() for w in workdirs):
+    raise UserError("--workdir lists an empty entry; pass one or more runs, e.g."
+                    " --workdir=runs/a,runs/b.")
+  return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords)
+          for name, w in zip(run_names(workdirs), workdirs, strict=True)]

@@ -1,0 +1,309 @@
+"""seq2seq-serve: the API through FastAPI's test client, its answers against the Translator
+and seq2seq-translate, a load of concurrent clients, and the explorer page in a real
+browser (Debian's chromium, driven by Playwright)."""
+
+import concurrent.futures
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="the server's tests need: pip install -e '.[serve]'")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from seq2seq.compare.comparison import run_names  # noqa: E402
+from seq2seq.decoding.alignment import alignment  # noqa: E402
+from seq2seq.decoding.translator import Translator  # noqa: E402
+from seq2seq.runtime import compiling  # noqa: E402
+from seq2seq.serve.app import create_app, serving_in_background  # noqa: E402
+from seq2seq.serve.engine import Engine, Limits, ServedRun  # noqa: E402
+from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
+
+SENTENCES = [source for source, _ in VAL]
+BATCH = 4  # Rows of the server's compiled batches here.
+MAX_SUBWORDS = 31  # The longest sentence served here (VAL's are up to 30 subwords).
+
+
+@pytest.fixture(scope="module")
+def runs(run, tmp_path_factory):
+  """Two runs to serve: the session's, and a copy under another name."""
+  other = tmp_path_factory.mktemp("serve") / "copy"
+  shutil.copytree(run, other, ignore=shutil.ignore_patterns("eval"))
+  return run, other
+
+
+@pytest.fixture(scope="module")
+def names(runs):
+  """The runs' names on the server: their paths below their common folder."""
+  return run_names(runs)
+
+
+@pytest.fixture(scope="module")
+def engine(runs, names):
+  # The first run at two beams; the other greedy only: fewer programs to compile.
+  served = [ServedRun(names[0], runs[0], "latest", [1, 3], 0.6, BATCH, MAX_SUBWORDS),
+            ServedRun(names[1], runs[1], "latest", [1], 0.6, BATCH, MAX_SUBWORDS)]
+  for run in served:
+    run.compile_ahead()
+  engine = Engine(served, Limits(max_lines=50, max_chars=200)).start()
+  yield engine
+  engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+  with TestClient(create_app(engine)) as client:
+    yield client
+
+
+def test_runs_are_named_by_their_folders_and_described(client, names):
+  answer = client.get("/runs").json()
+  assert [r["name"] for r in answer["runs"]] == names
+  assert names[0].endswith("/run") and names[1].endswith("/copy")
+  first = answer["runs"][0]
+  assert (first["family"], first["checkpoint"], first["beams"]) == ("transformer", "latest",
+                                                                    [1, 3])
+  assert answer["runs"][1]["beams"] == [1] and first["max_subwords"] == MAX_SUBWORDS
+  assert answer["limits"] == {"max_lines": 50, "max_chars": 200}
+
+
+def test_translations_are_the_translators_one_per_line_in_order_with_no_compile(client, runs,
+                                                                                names):
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  expected = translator.translate(SENTENCES)
+  with compiling.counting() as counts:
+    answer = client.post("/translate", json={"text": SENTENCES, "run": names[0],
+                                             "beam": 1})
+    reversed_answer = client.post("/translate", json={"text": SENTENCES[::-1],
+                                                      "run": names[0], "beam": 1})
+  assert answer.status_code == 200, answer.text
+  body = answer.json()
+  assert body["translations"] == [nbest[0][0] for nbest in expected]
+  np.testing.assert_allclose(body["scores"], [nbest[0][1] for nbest in expected], rtol=1e-6)
+  assert reversed_answer.json()["translations"] == body["translations"][::-1]
+  assert "nbest" not in body and "attention" not in body
+  # Every program was compiled at start-up: requests only run them.
+  assert sum(counts.compiled.values()) + sum(counts.cached.values()) == 0
+
+
+def test_translations_equal_seq2seq_translate_byte_for_byte(client, runs, tmp_path, names):
+  source = tmp_path / "in.en"
+  source.write_text("".join(s + "\n" for s in SENTENCES * 5), encoding="utf-8")
+  command = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "translate.py"), f"--workdir={runs[0]}",
+       "--checkpoint=latest", "--beam_size=3", f"--input={source}"],
+      capture_output=True, text=True, env=ENV, timeout=300, check=True)
+  answer = client.post("/translate", json={"text": SENTENCES * 5, "run": names[0],
+                                           "beam": 3})
+  served = "".join(t + "\n" for t in answer.json()["translations"])
+  assert served.encode("utf-8") == command.stdout.encode("utf-8")
+
+
+def test_nbest_lists_are_the_beams_best(client, runs, names):
+  translator = Translator(runs[0], "latest", beam_size=3, nbest=3, batch_size=BATCH)
+  expected = translator.translate(SENTENCES[:3])
+  body = client.post("/translate", json={"text": SENTENCES[:3], "run": names[0],
+                                         "beam": 3, "nbest": 2}).json()
+  assert [[h["translation"] for h in nbest] for nbest in body["nbest"]] == [
+      [text for text, _ in nbest[:2]] for nbest in expected]
+  assert [nbest[0]["translation"] for nbest in body["nbest"]] == body["translations"]
+
+
+def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, runs, names):
+  body = client.post("/translate", json={"text": SENTENCES[3:4], "run": names[0], "beam": 1,
+                                         "attention": True}).json()
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  for text, attention in zip(SENTENCES[3:4], body["attention"], strict=True):
+    weights, source, target = alignment(translator, text)  # Op by op, unpadded.
+    assert (attention["source"], attention["target"]) == (source, target)
+    served = np.asarray(attention["weights"])
+    assert served.shape == weights.shape == (weights.shape[0], weights.shape[1], len(target),
+                                             len(source))
+    np.testing.assert_allclose(served, weights, atol=1e-4)  # Served rounded to 4 decimals.
+    np.testing.assert_allclose(served.sum(-1), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("body, status, detail", [
+    ({"text": []}, 400, "'text' holds no sentence; send at least one."),
+    ({"text": ["A dog.", "  "]}, 400, "text[1] is empty; send sentences with words in them."),
+    ({"text": ["A dog."] * 51}, 413,
+     "'text' holds 51 sentences; send at most 50 per request (--max_lines)."),
+    ({"text": ["a" * 201]}, 413,
+     "text[0] has 201 characters; send at most 200 per sentence (--max_chars)."),
+    ({"text": ["A dog.\nA cat."]}, 400,
+     "text[0] holds a line break; send one sentence per entry."),
+    ({"text": ["A dog."], "run": "nope"}, 404,
+     "run 'nope' is not served here; the runs are: {runs}."),
+    ({"text": ["A dog."], "beam": 2}, 400,
+     "beam 2 is not served for {first}; use one of 1, 3 (seq2seq-serve --beams)."),
+    ({"text": ["A dog."], "beam": 3, "nbest": 4}, 400,
+     "nbest 4 must be between 1 and the beam, 3."),
+    ({"text": ["A dog."], "nbest": 0}, 400, "nbest 0 must be between 1 and the beam, 1."),
+    ({"text": ["A dog."], "run": None, "beam": "four"}, 422,
+     "beam: Input should be a valid integer, unable to parse string as an integer."),
+    ({"text": ["A dog."], "temperature": 2}, 422, "temperature: Extra inputs are not permitted."),
+    ({"sentences": ["A dog."]}, 422, "text: Field required."),
+    ("{not json", 422, "the body is not valid JSON (Expecting property name enclosed in double"
+                       " quotes)."),
+])
+def test_bad_requests_are_a_4xx_with_one_line_and_the_server_stays_up(client, runs, body, status,
+                                                                      detail, names):
+  first = names[0]
+  if isinstance(body, dict) and "run" not in body:
+    body = {**body, "run": first}
+  elif isinstance(body, dict) and body["run"] is None:
+    body = {**body, "run": first}
+  answer = (client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+            if isinstance(body, str) else client.post("/translate", json=body))
+  assert (answer.status_code, answer.json()) == (status, {"detail": detail.format(
+      runs=", ".join(names), first=first)})
+  assert client.post("/translate", json={"text": ["A dog."], "run": first}).status_code == 200
+
+
+def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, names):
+  long = " ".join(["dog"] * 40)  # 159 characters, more than 31 subwords.
+  answer = client.post("/translate", json={"text": [long], "run": names[0]})
+  assert answer.status_code == 413
+  assert answer.json()["detail"].startswith("text[0] is ")
+  assert answer.json()["detail"].endswith(f"{names[0]} translates up to {MAX_SUBWORDS}"
+                                          " (seq2seq-serve --max_subwords).")
+
+
+def test_several_runs_need_a_name(client):
+  answer = client.post("/translate", json={"text": ["A dog."]})
+  assert answer.status_code == 400 and "name one in 'run'" in answer.json()["detail"]
+
+
+def test_the_page_api_docs_and_their_assets_are_local(client):
+  page = client.get("/")
+  assert page.status_code == 200 and "attention explorer" in page.text
+  docs = client.get("/docs").text
+  assets = [part.split('"')[0] for part in (page.text + docs).split('src="')[1:]]
+  assets += [part.split('"')[0] for part in (page.text + docs).split('href="')[1:]]
+  assets = [a for a in assets if not a.startswith("data:")]  # Inline: nothing to fetch.
+  assert assets and all(a.startswith("/") for a in assets), assets
+  for asset in assets:
+    assert client.get(asset).status_code == 200, asset
+  assert "/translate" in client.get("/openapi.json").json()["paths"]
+
+
+def test_32_concurrent_clients_get_every_answer_right(engine, runs, names):
+  """500 requests of one to three sentences from 32 threads over real HTTP: none fails, and
+  each answer is the translation of its own sentences."""
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  expected = dict(zip(SENTENCES, [n[0][0] for n in translator.translate(SENTENCES)],
+                      strict=True))
+  rng = np.random.default_rng(0)
+  requests = [list(rng.choice(SENTENCES, size=rng.integers(1, 4))) for _ in range(500)]
+  import httpx
+
+  with (serving_in_background(create_app(engine)) as url,
+        httpx.Client(base_url=url, timeout=120) as http):
+    def ask(lines):
+      answer = http.post("/translate", json={"text": lines, "run": names[0], "beam": 1})
+      return answer.status_code, answer.json()
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+      answers = list(pool.map(ask, requests))
+  assert [status for status, _ in answers] == [200] * len(requests)
+  assert [body["translations"] for _, body in answers] == [
+      [expected[line] for line in lines] for lines in requests]
+
+
+def _chromium() -> str | None:
+  return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no browser: apt-get install chromium")
+def test_the_explorer_in_a_browser_shows_the_apis_translation_and_attention(client, runs, names):
+  from playwright.sync_api import sync_playwright
+
+  api = client.post("/translate", json={"text": [SENTENCES[0]], "run": names[0],
+                                        "attention": True}).json()
+  with serving_in_background(client.app) as url, sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+    try:
+      page = browser.new_page()
+      page.goto(url + "/")
+      page.wait_for_function("document.querySelector('#status').textContent === 'Ready.'")
+      page.fill("#source", SENTENCES[0])
+      page.select_option("#run-a", names[0])
+      page.select_option("#run-b", names[1])
+      page.click("#translate")
+      page.wait_for_selector("#panel-b table.heatmap")
+      for panel in ("#panel-a", "#panel-b"):
+        assert page.inner_text(f"{panel} .translation") == api["translations"][0]
+        rows = page.query_selector_all(f"{panel} table.heatmap tbody tr")
+        assert len(rows) == len(api["attention"][0]["target"])
+        for row in rows:
+          assert len(row.query_selector_all("td")) == len(api["attention"][0]["source"])
+
+      def cells():
+        return page.eval_on_selector_all("#panel-a table.heatmap td",
+                                         "cells => cells.map(c => c.dataset.w)")
+
+      weights = api["attention"][0]["weights"]
+      assert cells() == [f"{w:.4f}" for row in weights[0][0] for w in row]
+      layer = head = 0
+      for picker, count in (("layer", len(weights)), ("head", len(weights[0]))):
+        if count > 1:  # A single layer (or head) has nothing to switch to.
+          before = cells()
+          page.select_option(f"#panel-a select.{picker}", str(count))  # Shown from 1.
+          layer, head = (count - 1, head) if picker == "layer" else (layer, count - 1)
+          assert cells() == [f"{w:.4f}" for row in weights[layer][head] for w in row] != before
+      assert (layer, head) != (0, 0)
+      page.hover("#panel-a table.heatmap tbody tr:first-child th")
+      shaded = page.eval_on_selector_all("#panel-a .source-line span",
+                                         "spans => spans.map(s => s.style.background)")
+      assert all(shaded) and len(shaded) == len(api["attention"][0]["source"])
+    finally:
+      browser.close()
+
+
+def test_readme_serve_command_and_curl_line_work_as_written(run, tmp_path):
+  """The README's two lines: seq2seq-serve on a run with a selected checkpoint, then curl."""
+  readme = (ROOT / "README.md").read_text(encoding="utf-8")
+  serve_line = next(line for line in readme.splitlines() if line.startswith("seq2seq-serve "))
+  curl_line = next(line for line in readme.splitlines() if line.startswith("curl "))
+  workdir = tmp_path / "runs" / "m30k_transformer"
+  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("eval"))
+  (workdir / "eval").mkdir()
+  (workdir / "eval" / "selected.json").write_text(json.dumps({"checkpoint": "latest"}))
+  port = free_port()
+  env = dict(ENV, PATH=f"{sys.executable.rsplit('/', 1)[0]}:{ENV['PATH']}")
+  server = subprocess.Popen(f"{serve_line} --port={port}", shell=True, cwd=tmp_path, env=env,
+                            stderr=subprocess.PIPE, text=True)
+  try:
+    lines = []
+    for line in server.stderr:
+      lines.append(line)
+      if "Serving" in line:
+        break
+    assert any("Serving m30k_transformer at" in line for line in lines), "".join(lines)
+    curl = curl_line.replace("localhost:8000", f"localhost:{port}")
+    if shutil.which("curl"):
+      out = subprocess.run(curl, shell=True, capture_output=True, text=True, check=True,
+                           timeout=60).stdout
+      assert len(json.loads(out)["translations"]) == 1
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+
+
+@pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
+def test_the_serve_benchmark_reports_latency_and_throughput_against_translate(runs):
+  from seq2seq.performance import serving
+
+  records = serving.serve_benchmark(runs[0], "latest", beam=1, batch_size=BATCH, clients=4,
+                                    requests=12, single=3)
+  assert [r["measure"] for r in records] == ["single sentence, one client", "concurrent clients",
+                                             "seq2seq-translate, one batch call"]
+  assert records[0]["errors"] == records[1]["errors"] == 0
+  assert (records[0]["requests"], records[1]["requests"], records[2]["sentences"]) == (3, 12, 12)
+  assert 0 < records[0]["latency_p50_ms"] <= records[0]["latency_p99_ms"]
+  assert records[2]["server_share"] == pytest.approx(
+      records[1]["sentences_per_s"] / records[2]["sentences_per_s"], rel=0.01)
