@@ -44,6 +44,7 @@ def test_train_benchmark_reports_consistent_figures(dtype):  # bfloat16 is emula
   assert 0 < result["mfu_vs_matmul"] < 1.5
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_decode_baselines_translate_exactly_like_ours():
   """The benchmark's baselines differ from our decoder in speed only."""
   model = build_model(benchmark.transformer_config(layers=2, dim=32, heads=2, mlp=64), 100)

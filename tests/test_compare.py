@@ -174,6 +174,7 @@ def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
   assert rows["b"]["b_chrf"] == 100.0 and rows["a"]["a_chrf"] < 50
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_runs_with_the_same_directory_name_stay_apart(run, tmp_path):
   runs = [small_run(run, tmp_path / "runs" / group / "s0") for group in ("a", "b")]
   out = tmp_path / "out"

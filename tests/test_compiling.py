@@ -274,6 +274,7 @@ def _dumped(directory) -> set[str]:
   return {name for path in directory.glob("*") for name in names if name in path.name}
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_each_kind_of_program_compiles_with_its_own_options(fresh_cache, tmp_path):
   """config.compile.train_options reach the train step's compiler, eval_options the
   validation programs' and every search's (the evaluation commands' too): here XLA's dump

@@ -55,6 +55,7 @@ def test_a_run_ensembled_with_its_twin_translates_like_the_run(run, twin, beam_s
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_the_translate_command_with_its_twin_as_ensemble_writes_the_same_bytes(run, twin,
                                                                                tmp_path):
   source = tmp_path / "in.en"

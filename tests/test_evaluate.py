@@ -118,6 +118,7 @@ def test_checkpoint_average_is_the_mean(run):
     np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_plot_attention_writes_a_png_with_one_panel_per_head(run, tmp_path):
   out = tmp_path / "attention.png"
   command = subprocess.Popen(  # While it runs, the weights it draws are checked here.

@@ -49,6 +49,7 @@ def saved(workdir: Path) -> dict[str, str]:
 # --- A full disk (issue 28, item 5) -------------------------------------------------------
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
     run, tmp_path, monkeypatch, caplog, capfd):
   workdir = resumable_at_2(run, tmp_path)
@@ -80,6 +81,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_same_command_resumes(
   checkpoints.close()
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_the_command_prints_only_the_line_on_a_full_disk(run, tmp_path):
   workdir = resumable_at_2(run, tmp_path)
   code = (

@@ -243,6 +243,7 @@ def test_every_variant_trains_on_tiny(tiny_batches, family, name):
   assert np.mean(nll[-3:]) < 0.8 * np.mean(nll[:3]), nll
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_gradient_accumulation_equals_one_large_batch(tiny_batches):
   """k micro-batches summed into one update give the k-times-larger batch's update."""
   c, vocab, batches = tiny_batches
