@@ -690,6 +690,13 @@ COMMANDS = [
     ("benchmark.py, a width the heads cannot split", ["benchmark.py", "--dim=30", "--heads=4"],
      "flags dim=30, heads=4: --dim must be divisible by --heads (each head gets dim / heads);"
      " choose sizes where it is"),
+    ("serve.py, not a run", ["serve.py", "--workdir={tmp}/nope"],
+     "{tmp}/nope is not a training run (no config.json); pass the --workdir that seq2seq-train"
+     " wrote."),
+    ("serve.py, a beam of none", ["serve.py", "--workdir={run}", "--beams=4,0"],
+     "--beams=4,0 must list beam sizes of at least 1, each once, e.g. --beams=1,4."),
+    ("serve.py, a port out of range", ["serve.py", "--workdir={run}", "--port=70000"],
+     "--port=70000 must be between 1 and 65535."),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
      "flag --mode=['nope']: --mode takes some of train, decode, padding, compile, calls, seeds,"
      " saves, serve (comma-separated)"),

@@ -5,14 +5,15 @@ r"""Serves runs over HTTP: a translation API, and a page that shows their attent
 
 http://127.0.0.1:8000/ is then the attention explorer, /docs the API's OpenAPI page, and
 
-  curl -s localhost:8000/translate -d '{"text": ["A dog runs on the beach."]}'
+  curl -s localhost:8000/translate -H 'Content-Type: application/json' \
+      -d '{"text": ["A dog runs on the beach."]}'
 
 answers {"run": ..., "translations": [...], "scores": [...]}. Each run is loaded once and
 named by its folder; every program it answers with compiles at start-up (or comes from the
 compilation cache), never per request. It translates sentences up to --max_subwords
-subwords (by default the run's config.data.max_len), at the beams --beams lists (the first
-by default).
-Requests that arrive together are translated together, in batches of --batch_size.
+subwords (by default as long as the run's training pairs: config.data.max_len with EOS), at
+the beams --beams lists (the first by default). Requests that arrive together are
+translated together, in batches of --batch_size.
 """
 
 import logging
@@ -38,7 +39,7 @@ _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _MAX_LINES = flags.DEFINE_integer("max_lines", 64, "Sentences per request, at most.")
 _MAX_CHARS = flags.DEFINE_integer("max_chars", 1000, "Characters per sentence, at most.")
 _MAX_SUBWORDS = flags.DEFINE_integer("max_subwords", None, "Subwords per sentence, at most"
-                                     " (default: the run's config.data.max_len); the server"
+                                     " (default: config.data.max_len less EOS); the server"
                                      " compiles for sentences this long.")
 
 log = logging.getLogger("seq2seq")
