@@ -66,7 +66,8 @@ SHORT_RUN = ["--config.train.num_steps=6", "--config.train.warmup_steps=2",
              "--config.eval.max_decode_len_a=1.0", "--config.eval.max_decode_len_b=0"]
 # Appended to seq2seq-benchmark at fixed shapes (no --config).
 SHORT_BENCHMARK = ["--layers=1", "--dim=32", "--heads=2", "--mlp=64", "--vocab=500", "--batch=4",
-                   "--length=8", "--steps=1", "--decode_batch=4", "--src_len=8", "--out_len=8"]
+                   "--length=8", "--steps=1", "--decode_batch=4", "--src_len=8", "--out_len=8",
+                   "--clients=4", "--requests=24"]
 # Blocks not run here, and why.
 NOT_RUN = {"pip install": "installs the project: .ci/run does, on a fresh machine",
            "pytest": "the suite this test is part of",
