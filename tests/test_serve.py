@@ -278,8 +278,9 @@ def test_readme_serve_command_and_curl_line_work_as_written(run, tmp_path):
   (workdir / "eval" / "selected.json").write_text(json.dumps({"checkpoint": "latest"}))
   port = free_port()
   env = dict(ENV, PATH=f"{sys.executable.rsplit('/', 1)[0]}:{ENV['PATH']}")
-  server = subprocess.Popen(f"{serve_line} --port={port}", shell=True, cwd=tmp_path, env=env,
-                            stderr=subprocess.PIPE, text=True)
+  # `exec`: the shell becomes the server, so that stopping it stops the server.
+  server = subprocess.Popen(f"exec {serve_line} --port={port}", shell=True, cwd=tmp_path,
+                            env=env, stderr=subprocess.PIPE, text=True)
   try:
     lines = []
     for line in server.stderr:
@@ -293,8 +294,8 @@ def test_readme_serve_command_and_curl_line_work_as_written(run, tmp_path):
                            timeout=60).stdout
       assert len(json.loads(out)["translations"]) == 1
   finally:
-    server.terminate()
-    server.wait(timeout=60)
+    server.terminate()  # SIGTERM: uvicorn shuts down, then the command ends as signals do.
+    assert server.wait(timeout=60) == 130
 
 
 @pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
