@@ -308,6 +308,11 @@ def grid_length(length: int, max_len: int) -> int:
   return next(n for n in grid_lengths(max_len) if n >= min(length, max_len))
 
 
+def grid_lengths_up_to(longest: int, max_len: int) -> list[int]:
+  """The grid lengths a batch of sequences up to `longest` tokens may be padded to."""
+  return [n for n in grid_lengths(max_len) if n <= grid_length(longest, max_len)]
+
+
 def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_size: int,
                  max_len: int, one_length: bool = False) -> list[dict[str, np.ndarray]]:
   """Every pair of a split exactly once, in batches of similar lengths on the `GRID`.

@@ -65,8 +65,7 @@ class Alignments:
     if isinstance(translator.graphdef, tuple):
       raise UserError("An ensemble has no one attention to show; serve its runs one by one.")
     self.translator, c = translator, translator.config
-    self.lengths = [n for n in batching.grid_lengths(c.model.max_len)
-                    if n <= batching.grid_length(longest, c.model.max_len)]
+    self.lengths = batching.grid_lengths_up_to(longest, c.model.max_len)
     self._programs = compiling.Programs(
         "attention", jax.jit(functools.partial(_weights, graphdef=translator.graphdef)),
         lambda params, src, tgt_in: (src.shape, tgt_in.shape),

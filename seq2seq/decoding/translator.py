@@ -91,13 +91,12 @@ def search_programs(graphdef, config, strategy: search.Strategy, *, name: str = 
                             threads=config.compile.threads)
 
 
-def grid_sources(config, rows: int) -> list[jax.ShapeDtypeStruct]:
-  """The source shapes of the searches a run's evaluation commands compile for sentences as
-  long as its training's (config.data.max_len, EOS included): `rows` by each grid length
-  that holds them."""
-  longest = batching.grid_length(config.data.max_len, config.model.max_len)
-  return [jax.ShapeDtypeStruct((rows, n), np.int32)
-          for n in batching.grid_lengths(config.model.max_len) if n <= longest]
+def grid_sources(config, rows: int, longest: int | None = None) -> list[jax.ShapeDtypeStruct]:
+  """The source shapes of the searches that translate sentences up to `longest` tokens, EOS
+  included (by default as long as the run's training pairs, config.data.max_len): `rows` by
+  each grid length that holds them."""
+  lengths = batching.grid_lengths_up_to(longest or config.data.max_len, config.model.max_len)
+  return [jax.ShapeDtypeStruct((rows, n), np.int32) for n in lengths]
 
 
 def check_search(beam_size: int, alpha: float, batch_size: int | None = None) -> None:
@@ -374,9 +373,7 @@ class Translator:
     """Compiles the search for every batch of sources up to `longest` subwords (EOS included)
     at once, so that no translation of such sources compiles; returns the programs' count."""
     params = compiling.shapes(self.params)
-    for n in batching.grid_lengths(self.config.model.max_len):
-      if n > batching.grid_length(longest, self.config.model.max_len):
-        break
-      self._search.add(params, jax.ShapeDtypeStruct((self.batch_size, n), np.int32))
+    for src in grid_sources(self.config, self.batch_size, longest):
+      self._search.add(params, src)
     self._search.wait()
     return len(self._search)
