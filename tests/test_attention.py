@@ -89,6 +89,7 @@ def _keras():
   return keras
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_luong_dot_matches_keras_attention():
   keras = _keras()
   q, k, v = qkv(4, 6, seed=3)

@@ -84,6 +84,7 @@ def _models(run, steps):
   return out
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_k_copies_of_one_model_give_its_scores(run):
   (graphdef, params), = _models(run, [4])
   src = jnp.asarray(np.array([[5, 9, 13, 3], [7, 3, 0, 0]], np.int32))

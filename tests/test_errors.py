@@ -738,6 +738,7 @@ def commands(run, tmp_path_factory):
     process.kill()
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 @pytest.mark.parametrize("name,expected", [(c[0], c[2]) for c in COMMANDS],
                          ids=[c[0] for c in COMMANDS])
 def test_the_command_prints_one_line_and_exits_with_status_2(run, commands, name, expected):

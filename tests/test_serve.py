@@ -113,6 +113,7 @@ def test_nbest_lists_are_the_beams_best(client, runs, names):
   assert [nbest[0]["translation"] for nbest in body["nbest"]] == body["translations"]
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, runs, names):
   answer = client.post("/translate", json={"text": SENTENCES[1:2], "run": names[0], "beam": 1,
                                            "attention": True})

@@ -27,12 +27,14 @@ def swept(tmp_path_factory):
   return c, root, status
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_sweep_trains_each_combination_in_a_readable_workdir(swept):
   _, root, status = swept
   assert status == {"attention-scaled_dot": "trained", "attention-dot": "trained"}
   assert sorted(p.name for p in root.iterdir()) == ["attention-dot", "attention-scaled_dot"]
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_rerunning_the_sweep_trains_nothing(swept):
   c, root, _ = swept
   before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
@@ -41,6 +43,7 @@ def test_rerunning_the_sweep_trains_nothing(swept):
   assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.
 def test_a_failing_run_is_reported_and_the_others_still_train(swept, tmp_path):
   c, _, _ = swept
   c = sweep.expand(c, [])[0][1]
