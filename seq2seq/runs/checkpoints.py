@@ -23,12 +23,11 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from seq2seq.runs import match
-from seq2seq.runs import workdirs
 from seq2seq.errors import UserError, describe
+from seq2seq.runs import match, workdirs
 from seq2seq.runs.full_disk import full_disk_is_user_error
-from seq2seq.runs.orbax_logs import ignore_abandoned_orbax_work, quiet
 from seq2seq.runs.match import vocab_fingerprint
+from seq2seq.runs.orbax_logs import ignore_abandoned_orbax_work, quiet
 
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.

@@ -14,10 +14,10 @@ import jax
 import ml_collections
 
 from seq2seq import config as config_lib
-from seq2seq.data.textio import write_atomically
-from seq2seq.runs import workdirs
 from seq2seq.data import tokenizer
+from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
+from seq2seq.runs import workdirs
 
 
 def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:

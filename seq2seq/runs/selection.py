@@ -9,11 +9,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from seq2seq import config as config_lib
 from seq2seq.data.textio import write_atomically
+from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import CheckpointRemoved, Checkpoints
-from seq2seq.errors import UserError
 from seq2seq.runs.train_state import make_optimizer, new_train_state
 
 log = logging.getLogger("seq2seq")

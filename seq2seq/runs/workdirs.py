@@ -79,7 +79,8 @@ def create_workdir(workdir: str | Path) -> bool:
   """Creates `workdir` (and missing parents); True if this call made it, False if it existed.
 
   `mkdir` without exist_ok: of simultaneous first starts on one new workdir exactly one made
-  it, and only that one may remove it again (once it also holds the lock: `training.loop._train_in`).
+  it, and only that one may remove it again (once it also holds the lock:
+  `training.loop._train_in`).
   """
   try:
     Path(workdir).mkdir(parents=True)
