@@ -41,10 +41,9 @@ def alignment(translator: Translator, text: str):
     raise UserError("--text is empty; pass a sentence to translate.")
   out = translator.hypotheses([text])[0][0].ids
   src_ids, tgt_in = _inputs(src, out)
-  model = nnx.merge(translator.graphdef, translator.params)
-  weights = model.attention_weights(model.encode(jnp.asarray(src_ids[None])),
-                                    jnp.asarray(tgt_in[None]))
-  return (np.asarray(weights)[:, 0], translator.tokenizer.pieces(src_ids),
+  weights = _weights(translator.params, jnp.asarray(src_ids[None]), jnp.asarray(tgt_in[None]),
+                     graphdef=translator.graphdef)  # Op by op: no program for one picture.
+  return (np.asarray(weights), translator.tokenizer.pieces(src_ids),
           translator.tokenizer.pieces(out))
 
 
