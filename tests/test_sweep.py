@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,19 @@ def test_a_parallel_sweep_trains_each_point_in_a_process_of_its_own(tmp_path):
   assert status == {"attention-dot": "trained", "attention-general": "trained"}
 
 
+def _processes_with(variable: str) -> list[str]:
+  """The command lines of the processes whose environment holds `variable` (NAME=value)."""
+  found = []
+  for environ in Path("/proc").glob("[0-9]*/environ"):
+    try:
+      if variable.encode() in environ.read_bytes().split(b"\0"):
+        command = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+        found.append(f"{environ.parent.name}: {command.decode(errors='replace')}")
+    except OSError:  # Ended meanwhile.
+      continue
+  return found
+
+
 @pytest.mark.slow  # Two trainers in processes of their own, stopped: about a minute.
 def test_a_sigterm_to_a_parallel_sweep_stops_and_saves_its_trainers(tmp_path):
   """`kill PID` of a `--parallel=2` sweep: both trainers save their step and stop, the sweep
@@ -157,7 +171,8 @@ def test_a_sigterm_to_a_parallel_sweep_stops_and_saves_its_trainers(tmp_path):
              "--config.train.num_steps=100000", "--config.eval.every_steps=100000"]
   log = tmp_path / "sweep.log"  # A file, not a pipe: the trainers' progress bars fill one.
   with open(log, "w") as stderr:
-    sweep_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+    sweep_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                     env=dict(ENV, SEQ2SEQ_TEST_SWEEP=str(tmp_path)))
   runs = [tmp_path / "attention-dot", tmp_path / "attention-general"]
   deadline = time.monotonic() + 240
   while not all((run / "metrics.jsonl").exists() for run in runs):  # Both have run step 1.
@@ -168,6 +183,11 @@ def test_a_sigterm_to_a_parallel_sweep_stops_and_saves_its_trainers(tmp_path):
   stderr = log.read_text()
   assert sweep_process.returncode == 130, stderr[-3000:]
   assert "leaked" not in stderr
+  # No trainer outlives it (multiprocessing's resource tracker may take a moment to end).
+  deadline = time.monotonic() + 30
+  while (left := _processes_with(f"SEQ2SEQ_TEST_SWEEP={tmp_path}")) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert left == []
   for run in runs:
     steps = Checkpoints(run, keep=2).all_steps()
     assert len(steps) == 1 and 0 < steps[0] < 100000

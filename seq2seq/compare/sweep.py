@@ -204,11 +204,16 @@ def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
       # A signal to the sweep alone (`kill PID`, a scheduler) stops its trainers too: each
       # saves its step. Their outcomes are recorded, then the sweep ends as the signal asks.
       interrupted = e
-      pool.shutdown(wait=False, cancel_futures=True)
+      for future in futures:
+        future.cancel()  # The runs not begun.
       for worker in multiprocessing.active_children():
         os.kill(worker.pid, signal.SIGTERM)
       with signals.defer_interrupts():
         _collect(futures, status, pool, stopped_by=str(e) or "SIGINT")
+        # The pool's thread tells the workers to end and waits for them. (A shutdown without
+        # waiting left that to the thread, which the command's exit could cut short: once in
+        # a slow run, both workers waited for work forever, each with a trainer's memory.)
+        pool.shutdown(wait=True)
     else:
       return
   del pool, futures  # The pool's queues, closed before the command leaves (os._exit).
