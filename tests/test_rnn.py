@@ -1,12 +1,17 @@
 """RNN encoder-decoder invariants, for every attention variant."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from seq2seq.decoding import search
 from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, rnn
+from seq2seq.performance.rnn_reference import StepwiseRNN
+from seq2seq.training.steps import cross_entropy
 from tests.helpers import assert_stepping_matches_decode
 
 VOCAB = 40
@@ -115,3 +120,47 @@ def test_dropout_only_with_rngs(tiny_config):
   np.testing.assert_array_equal(a, model.decode(model.encode(SRC), TGT))
   b = model.decode(model.encode(SRC, rngs=nnx.Rngs(dropout=0)), TGT, rngs=nnx.Rngs(dropout=1))
   assert not np.allclose(a, b)
+
+
+# The fused recurrence (inputs multiplied before the loop, gates side by side, logits after the
+# loop) against the cells as written, on the same parameters: LSTM and GRU, with and without
+# input feeding, scored with the current state (general) and the previous one (concat), one
+# layer and two; the other attentions with -m slow.
+FUSED = [pytest.param(name, cell, feeding, layers, id=f"{cell}-{feeding}-{name}-{layers}",
+                      marks=() if name in ("general", "concat") and layers == 2
+                      or (name, cell, feeding) == ("general", "lstm", True)
+                      else pytest.mark.slow)
+         for cell, feeding in CELLS for name in RNN_VARIANTS for layers in (1, 2)]
+
+
+@pytest.mark.parametrize("name,cell,input_feeding,layers", FUSED)
+def test_fused_recurrence_matches_the_cells_as_written(tiny_config, name, cell, input_feeding,
+                                                       layers):
+  """Same loss and gradients under dropout, same logits and greedy translations, to float32
+  rounding: only the order of the products differs."""
+  config = rnn_config(tiny_config, attention=name, rnn_cell=cell, input_feeding=input_feeding,
+                      num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.3)
+  out = jnp.concatenate([TGT[:, 1:], jnp.array([[3], [0]])], axis=1)
+  results = []
+  for cls in (rnn.RNN, StepwiseRNN):
+    graphdef, params = nnx.split(cls(config.model, VOCAB, rngs=nnx.Rngs(params=0),
+                                     dtype=jnp.float32), nnx.Param)
+
+    def loss(params, key, graphdef=graphdef):
+      model, rngs = nnx.merge(graphdef, params), nnx.Rngs(dropout=key)
+      logits = model.decode(model.encode(SRC, rngs=rngs), TGT, rngs=rngs)
+      return cross_entropy(logits, out, 0.1)["loss"]
+
+    value, grads = jax.value_and_grad(loss)(params, jax.random.key(7))
+    model = nnx.merge(graphdef, params)
+    memory = model.encode(SRC)
+    greedy = search.greedy_search(functools.partial(model.decode_step, memory),
+                                  model.init_cache(memory, 8), SRC.shape[0], 8)
+    results.append((value, nnx.to_pure_dict(grads), model.decode(memory, TGT), greedy))
+  (fused, fused_grads, fused_logits, fused_greedy), (ref, ref_grads, ref_logits, ref_greedy) = (
+      results)
+  np.testing.assert_allclose(fused, ref, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), fused_grads,
+               ref_grads)
+  np.testing.assert_allclose(fused_logits, ref_logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(fused_greedy, ref_greedy)

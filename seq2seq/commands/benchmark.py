@@ -15,6 +15,7 @@ goes (seq2seq/performance/profile.py), one more JSON line per mode and beam.
   seq2seq-benchmark --mode=padding,compile,calls,seeds,saves \
       --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8] \
       [--seeds=1,2,3]
+  seq2seq-benchmark --mode=recurrence --config=configs/multi30k_rnn.py
 
 padding: the evaluation grid's padded tokens on the config's validation and test
 splits, against the two lengths per split chosen before it. compile: seconds to
@@ -26,7 +27,10 @@ steps/s at each --steps_per_call (config.train.steps_per_call), metrics read
 back once per call as in training. seeds: steps/s of S seeds trained as one
 program, for each S of --seeds (1: the run alone), and each one's wall time per
 step against the first's. saves: seconds per checkpoint save of the run's train
-state, waited for and written in the background (the loop's stall, the write).
+state, waited for and written in the background (the loop's stall, the write). recurrence: an RNN
+config's train step on its first batches, as the model runs it (input products before the
+loop, gates side by side, logits after it) against the cells as written, step by step, in
+turn in one run (speedup_vs_stepwise).
 
   seq2seq-benchmark --mode=serve --workdir=runs/m30k_transformer [--checkpoint=best] \
       [--clients=32 --requests=500 --serve_batch=8 --beams=4]
@@ -47,8 +51,8 @@ from seq2seq.errors import UserError
 from seq2seq.performance import benchmark, startup
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
-                          " padding, compile, calls, seeds, saves (these five of --config's run),"
-                          " serve (of --workdir's run).")
+                          " padding, compile, calls, seeds, saves, recurrence (these six of"
+                          " --config's run), serve (of --workdir's run).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "serve: the run to serve.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "serve: its checkpoint (as"
                                   " seq2seq-serve takes it).")
@@ -86,7 +90,8 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
                              "copies and the rest, and the slowest XLA instructions.")
 
 
-STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves")  # Of --config's run.
+# Of --config's run.
+STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves", "recurrence")
 MODES = ("train", "decode", *STARTUP_MODES, "serve")
 
 
@@ -136,8 +141,8 @@ def _measure() -> None:
 def _startup(modes: list[str]) -> None:
   """The modes that measure --config's run, in this order."""
   if _CONFIG.value is None:
-    raise UserError("--mode=padding, compile, calls, seeds and saves measure a run's config; pass"
-                    " --config=configs/<name>.py.")
+    raise UserError("--mode=padding, compile, calls, seeds, saves and recurrence measure a run's"
+                    " config; pass --config=configs/<name>.py.")
   ints = lambda values: [int(v) for v in values]  # noqa: E731
   measures = {
       "padding": lambda config: startup.padding_benchmark(config),
@@ -145,6 +150,7 @@ def _startup(modes: list[str]) -> None:
       "calls": lambda config: startup.calls_benchmark(config, ints(_CALLS.value)),
       "saves": lambda config: startup.saves_benchmark(config),
       "seeds": lambda config: startup.seeds_benchmark(config, ints(_SEEDS.value)),
+      "recurrence": lambda config: startup.recurrence_benchmark(config),
   }
   for mode, measure in measures.items():
     if mode in modes:

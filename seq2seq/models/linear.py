@@ -32,4 +32,9 @@ def matrix_dot(x: jax.Array, kernel: jax.Array, dimension_numbers, precision=Non
   return flat.reshape(*x.shape[:-1], kernel.shape[-1])
 
 
+def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """`x [..., in] @ kernel [in, out]`, as `Linear` multiplies (one 2-D product)."""
+  return matrix_dot(x, kernel, _last_by_first(x.ndim))
+
+
 Linear = functools.partial(nnx.Linear, dot_general=matrix_dot)

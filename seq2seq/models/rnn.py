@@ -17,21 +17,33 @@ logits from h~_t. With `none`, c_t is the fixed final encoder state. Without
 input feeding, a Luong decoder's recurrence does not depend on attention, so
 teacher-forced decoding runs the stack once and attends for all steps at once.
 Every recurrence is a `jax.lax.scan`.
+
+A recurrence is latency-bound on a CPU, so each loop body holds only what
+depends on the step before, as cuDNN and flax's `OptimizedLSTMCell` arrange it:
+the products of the inputs known in advance (the source, the target embeddings)
+are taken for every step at once before the loop (`GateKernels.project`), each
+step's remaining inputs and its state go through one product with the gates
+side by side, and teacher forcing takes the logits of every step in one product
+after the loop. The parameters are the `nnx` cells' own (same names, same
+initialization); `seq2seq.performance.rnn_reference` runs them as written, one
+product per gate inside the loop, for the equality tests and the benchmark.
 """
 
 import functools
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
+from flax.nnx.nn import dtypes
 
 from seq2seq.data.special_ids import PAD_ID
 from seq2seq.models import masks
 from seq2seq.models.attention import SCORES, attend
 from seq2seq.models.dropout import Dropout
-from seq2seq.models.linear import Linear
+from seq2seq.models.linear import Linear, matmul
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
@@ -88,17 +100,90 @@ def reverse_padded(x: jnp.ndarray, lengths: jnp.ndarray) -> jnp.ndarray:
   return jnp.take_along_axis(x, index, axis=1)
 
 
-def _scan_cell(cell, carry: Carry, inputs: jnp.ndarray, valid: jnp.ndarray):
-  """Runs `cell` over `inputs [batch, t, features]`; the carry stops at the last valid step."""
+class GateKernels(NamedTuple):
+  """An `nnx` LSTM or GRU cell's weights with its gates side by side.
+
+  The cell's first `hoisted` input rows are multiplied outside the recurrence, for every step
+  at once (`project`); each step (`__call__`) multiplies the other input rows and the state.
+  LSTM: gates i, f, g, o; one product per step, the other rows stacked over the recurrent
+  kernel; the bias sits on the recurrent side, as in `nnx.LSTMCell`. GRU: gates r, z, n; the
+  state's product stays apart (n scales it by r), the bias sits on the input side.
+  """
+  lstm: bool
+  hoisted: jnp.ndarray  # [hoisted, gates * hidden]
+  step: jnp.ndarray  # LSTM: [in - hoisted + hidden, 4 hidden]; GRU: [in - hoisted, 3 hidden]
+  recurrent: jnp.ndarray | None  # GRU: [hidden, 3 hidden]
+  bias: jnp.ndarray  # [gates * hidden]
+  dtype: Any
+
+  @classmethod
+  def of(cls, cell: nnx.Module, hoisted: int) -> "GateKernels":
+    """`cell`'s kernels, its first `hoisted` input rows apart (call outside the loop)."""
+    if isinstance(cell, nnx.LSTMCell):
+      inputs = jnp.concatenate([cell.ii.kernel[...], cell.if_.kernel[...], cell.ig.kernel[...],
+                                cell.io.kernel[...]], axis=1)
+      recurrent = jnp.concatenate([cell.hi.kernel[...], cell.hf.kernel[...], cell.hg.kernel[...],
+                                   cell.ho.kernel[...]], axis=1)
+      bias = jnp.concatenate([cell.hi.bias[...], cell.hf.bias[...], cell.hg.bias[...],
+                              cell.ho.bias[...]])
+      return cls(True, inputs[:hoisted], jnp.concatenate([inputs[hoisted:], recurrent]), None,
+                 bias, cell.dtype)
+    kernel = cell.dense_i.kernel[...]
+    return cls(False, kernel[:hoisted], kernel[hoisted:], cell.dense_h.kernel[...],
+               cell.dense_i.bias[...], cell.dtype)
+
+  def _product(self, x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
+    x, kernel = dtypes.promote_dtype((x, kernel), dtype=self.dtype)
+    return matmul(x, kernel)
+
+  def project(self, x: jnp.ndarray) -> jnp.ndarray:
+    """The hoisted rows' part of every gate: `x [..., hoisted]` -> `[..., gates * hidden]`."""
+    projected = self._product(x, self.hoisted)
+    return projected if self.lstm else projected + self.bias.astype(projected.dtype)
+
+  def __call__(self, carry: Carry, projected: jnp.ndarray | None,
+               rest: Sequence[jnp.ndarray] = ()) -> tuple[Carry, jnp.ndarray]:
+    """One step from `projected` (`project` of this step's hoisted inputs, or None when none
+    are hoisted) and `rest`, the other inputs in row order: `(carry, output)`."""
+    if self.lstm:
+      c, h = carry
+      z = self._product(jnp.concatenate([*rest, h], axis=-1), self.step) + self.bias
+      if projected is not None:
+        z = projected + z
+      i, f, g, o = jnp.split(z, 4, axis=-1)
+      new_c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+      new_h = jax.nn.sigmoid(o) * jnp.tanh(new_c)
+      return (new_c, new_h), new_h
+    h = carry
+    x = projected
+    if rest:
+      x = self._product(jnp.concatenate(rest, axis=-1), self.step)
+      x = x + (projected if projected is not None else self.bias.astype(x.dtype))
+    x_r, x_z, x_n = jnp.split(x, 3, axis=-1)
+    h_r, h_z, h_n = jnp.split(self._product(h, self.recurrent), 3, axis=-1)
+    r, z = jax.nn.sigmoid(x_r + h_r), jax.nn.sigmoid(x_z + h_z)
+    new_h = (1.0 - z) * jnp.tanh(x_n + r * h_n) + z * h
+    return new_h, new_h
+
+
+def _time_major(x: jnp.ndarray) -> jnp.ndarray:
+  """`[batch, t, ...]` <-> `[t, batch, ...]`: the scans' layout. Inputs are turned before
+  `GateKernels.project`, whose products are several times wider."""
+  return x.swapaxes(0, 1)
+
+
+def _scan_cell(gates, carry: Carry, projected: jnp.ndarray, valid: jnp.ndarray):
+  """Runs `gates` over `projected [t, batch, gates * hidden]` (`gates.project` of the
+  time-major inputs); the carry stops at the last valid step. Outputs `[batch, t, hidden]`."""
 
   def body(carry, xs):
     x, ok = xs
-    new_carry, y = cell(carry, x)
+    new_carry, y = gates(carry, x)
     carry = jax.tree.map(lambda new, old: jnp.where(ok[:, None], new, old), new_carry, carry)
     return carry, y
 
-  carry, ys = jax.lax.scan(body, carry, (inputs.swapaxes(0, 1), valid.swapaxes(0, 1)))
-  return carry, ys.swapaxes(0, 1)
+  carry, ys = jax.lax.scan(body, carry, (projected, _time_major(valid)))
+  return carry, _time_major(ys)
 
 
 class RNN(nnx.Module):
@@ -107,6 +192,9 @@ class RNN(nnx.Module):
   # The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
   ATTENTION_NAMES = ("none", *SCORES)
   PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
+  # Teacher forcing takes the logits of every step in one product after the loop
+  # (`rnn_reference` computes them inside, as a decoder written step by step does).
+  LOGITS_IN_LOOP = False
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
@@ -169,11 +257,13 @@ class RNN(nnx.Module):
     final = None
     for i, forward in enumerate(self.encoder_forward):
       zero = _zeros_like_carry(self.cell_type, batch, self.hidden, x.dtype)
-      carry, out = _scan_cell(forward, zero, x, valid)
+      gates = self._gates(forward, x.shape[-1])
+      carry, out = _scan_cell(gates, zero, gates.project(_time_major(x)), valid)
       final = _hidden(carry)
       if self.bidirectional:
-        back_carry, back = _scan_cell(self.encoder_backward[i], zero,
-                                      reverse_padded(x, lengths), valid)
+        gates = self._gates(self.encoder_backward[i], x.shape[-1])
+        back_carry, back = _scan_cell(
+            gates, zero, gates.project(_time_major(reverse_padded(x, lengths))), valid)
         out = jnp.concatenate([out, reverse_padded(back, lengths)], axis=-1)
         final = jnp.concatenate([final, _hidden(back_carry)], axis=-1)
       x = self.dropout(out, deterministic=rngs is None, rngs=rngs)
@@ -203,39 +293,53 @@ class RNN(nnx.Module):
                               self.score_params)
     return context[:, 0], weights[:, 0]
 
-  def _stack(self, carries, x, dropout_key):
-    """One step of the decoder's layers; dropout between layers when a key is given."""
+  def _gates(self, cell: nnx.Module, hoisted: int) -> GateKernels:
+    """`cell`'s `GateKernels`, its first `hoisted` input rows multiplied outside the loop."""
+    return GateKernels.of(cell, hoisted)
+
+  def _decoder_gates(self) -> list[GateKernels]:
+    """The decoder layers' kernels: the first layer's target embedding rows are hoisted."""
+    return [self._gates(cell, self.tgt_embed.features if i == 0 else 0)
+            for i, cell in enumerate(self.decoder_cells)]
+
+  def _stack(self, gates, carries, projected, rest, dropout_key):
+    """One step of the decoder's layers from the first layer's `projected` embedding and
+    `rest` inputs; dropout between layers when a key is given."""
     new = []
-    for i, cell in enumerate(self.decoder_cells):
-      carry, x = cell(carries[i], x)
+    for i, layer in enumerate(gates):
+      carry, x = layer(carries[i], projected, rest)
       new.append(carry)
-      if dropout_key is not None and i + 1 < len(self.decoder_cells):
+      if dropout_key is not None and i + 1 < len(gates):
         x = self.dropout(x, rngs=jax.random.fold_in(dropout_key, i))
+      projected, rest = None, [x]  # The next layer's input: this one's output, in the loop.
     return tuple(new), x
 
   def _output(self, context, h, dropout_key):
-    """h~ = tanh(W_c [c; h]) and the logits computed from it."""
+    """h~ = tanh(W_c [c; h]), and h~ after dropout, the logits' input."""
     attentional = jnp.tanh(self.combine(jnp.concatenate([context, h], axis=-1)))
-    dropped = attentional
-    if dropout_key is not None:
-      dropped = self.dropout(attentional, rngs=jax.random.fold_in(dropout_key, 1000))
-    if self.logits_dense is None:
-      return self.tgt_embed.attend(dropped).astype(jnp.float32), attentional
-    return self.logits_dense(dropped).astype(jnp.float32), attentional
+    if dropout_key is None:
+      return attentional, attentional
+    return attentional, self.dropout(attentional, rngs=jax.random.fold_in(dropout_key, 1000))
 
-  def _step(self, memory: Memory, cache: Cache, embedded: jnp.ndarray, dropout_key=None):
-    """One target step from the embedded previous token `[batch, emb]`."""
-    inputs = [embedded]
+  def _logits(self, attentional: jnp.ndarray) -> jnp.ndarray:
+    if self.logits_dense is None:
+      return self.tgt_embed.attend(attentional).astype(jnp.float32)
+    return self.logits_dense(attentional).astype(jnp.float32)
+
+  def _step(self, memory: Memory, gates, cache: Cache, projected: jnp.ndarray, dropout_key=None):
+    """One target step from the previous token's embedding, `projected` by the first layer's
+    gates; returns the logits' input (h~, after dropout), the next cache and the alignment."""
+    rest = []
     if self.query_previous:  # Scored with the previous state s_{t-1}, before the stack runs.
       context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None])
-      inputs.append(context[:, 0])
+      rest.append(context[:, 0])
     if self.input_feeding:
-      inputs.append(cache.feed)
-    carries, h = self._stack(cache.carries, jnp.concatenate(inputs, axis=-1), dropout_key)
+      rest.append(cache.feed)
+    carries, h = self._stack(gates, cache.carries, projected, rest, dropout_key)
     if not self.query_previous:  # Luong: scored with the current state h_t.
       context, weights = self._attend(memory, h[:, None])
-    logits, attentional = self._output(context[:, 0], h, dropout_key)
-    return logits, Cache(carries, attentional, cache.index + 1), weights[:, 0]
+    attentional, dropped = self._output(context[:, 0], h, dropout_key)
+    return dropped, Cache(carries, attentional, cache.index + 1), weights[:, 0]
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """The decoder's first state; `max_len` is unused (the RNN state has a fixed size)."""
@@ -246,8 +350,10 @@ class RNN(nnx.Module):
 
   def decode_step(self, memory: Memory, cache: Cache, token_ids: jnp.ndarray):
     """Feeds `token_ids [batch]`; returns `[batch, vocab]` logits and the next cache."""
-    logits, cache, _ = self._step(memory, cache, self.tgt_embed(token_ids))
-    return logits, cache
+    gates = self._decoder_gates()
+    attentional, cache, _ = self._step(memory, gates, cache,
+                                       gates[0].project(self.tgt_embed(token_ids)))
+    return self._logits(attentional), cache
 
   def decode(self, memory: Memory, tgt_in_ids: jnp.ndarray, *,
              segments: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
@@ -269,21 +375,25 @@ class RNN(nnx.Module):
       x, carries = embedded, memory.initial
       valid = jnp.ones(tgt_in_ids.shape, bool)
       for i, cell in enumerate(self.decoder_cells):
-        _, x = _scan_cell(cell, carries[i], x, valid)
+        layer = self._gates(cell, x.shape[-1])
+        _, x = _scan_cell(layer, carries[i], layer.project(_time_major(x)), valid)
         if dropout_key is not None and i + 1 < len(self.decoder_cells):
           x = self.dropout(x, rngs=jax.random.fold_in(dropout_key, i))
       context, weights = self._attend(memory, x)
-      return self._output(context, x, dropout_key)[0], weights
+      return self._logits(self._output(context, x, dropout_key)[1]), weights
 
     step_keys = (jax.random.split(dropout_key, steps) if dropout_key is not None
                  else jnp.zeros((steps,), jnp.uint32))
 
     def body(cache, xs):
-      emb, key = xs
-      logits, cache, weights = self._step(memory, cache, emb,
-                                          key if dropout_key is not None else None)
-      return cache, (logits, weights)
+      projected, key = xs
+      out, cache, weights = self._step(memory, gates, cache, projected,
+                                       key if dropout_key is not None else None)
+      return cache, (self._logits(out) if self.LOGITS_IN_LOOP else out, weights)
 
+    gates = self._decoder_gates()
     cache = self.init_cache(memory, steps)
-    _, (logits, weights) = jax.lax.scan(body, cache, (embedded.swapaxes(0, 1), step_keys))
-    return logits.swapaxes(0, 1), weights.swapaxes(0, 1)
+    projected = gates[0].project(_time_major(embedded))  # Every step's embedding at once.
+    _, (out, weights) = jax.lax.scan(body, cache, (projected, step_keys))
+    out = _time_major(out)
+    return (out if self.LOGITS_IN_LOOP else self._logits(out)), _time_major(weights)

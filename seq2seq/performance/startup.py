@@ -4,19 +4,27 @@ steps/s at several steps per call. `seq2seq-benchmark --mode=padding,compile,cal
 --config=FILE` prints them as JSON lines.
 """
 
+import functools
 import os
 import tempfile
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
 from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.errors import UserError
+from seq2seq.models import MODEL_CLASSES
+from seq2seq.models.rnn import RNN
+from seq2seq.performance.rnn_reference import StepwiseRNN
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runtime import compiling
+from seq2seq.training import steps as train_steps
 from seq2seq.training.trainer import VOCAB_SEED, Trainer
 
 PADDING_SPLITS = ("val", "test")
@@ -217,3 +225,52 @@ def _train_seconds(trainer: Trainer, steps: int) -> tuple[float, int]:
     jax.device_get(metrics)
     step, calls = step + size, calls + 1
   return time.perf_counter() - start, calls
+
+
+def recurrence_benchmark(config: ml_collections.ConfigDict, steps: int = 8,
+                  rounds: int = 5) -> list[dict]:
+  """The train step of an RNN config as the model runs it (`RNN`: input products before the
+  loop, gates side by side, logits after it) against the same step with the cells as written
+  (`rnn_reference.StepwiseRNN`), same parameters, on the run's first `steps` batches: each
+  compiled for every shape first, then timed in turn for `rounds` rounds, keeping each one's
+  fastest, so that a slow spell of a noisy machine does not fall on one version only."""
+  if not issubclass(MODEL_CLASSES[config.model.family], RNN):
+    raise UserError(f"--mode=recurrence times an RNN's train step; --config's model is the"
+                    f" {config.model.family}: pass an RNN config, e.g."
+                    " --config=configs/multi30k_rnn.py.")
+  with tempfile.TemporaryDirectory() as scratch:
+    trainer = Trainer(config, Path(scratch))
+    vocab = trainer.tokenizer.vocab_size
+    reference, _ = nnx.split(nnx.eval_shape(lambda: StepwiseRNN(
+        config.model, vocab, rngs=nnx.Rngs(params=0), dtype=jnp.dtype(config.train.dtype))),
+        nnx.Param)
+    state = trainer.new_state()
+    batches = [trainer.to_device(trainer.train_batches(step)) for step in range(steps)]
+    versions = {
+        impl: jax.jit(functools.partial(
+            train_steps.train_step, graphdef=graphdef, optimizer=trainer.optimizer,
+            label_smoothing=config.train.label_smoothing,
+            accum_steps=config.train.grad_accum_steps))
+        for impl, graphdef in (("ours", trainer.graphdef), ("stepwise", reference))}
+
+    def run(step_fn):
+      return [step_fn(state, batch, trainer.dropout_key)[1] for batch in batches]
+
+    tokens = {}
+    for impl, step_fn in versions.items():
+      tokens[impl] = sum(float(m["tokens"]) for m in jax.device_get(run(step_fn)))  # compile
+    best = dict.fromkeys(versions, float("inf"))
+    for _ in range(rounds):
+      for impl, step_fn in versions.items():
+        start = time.perf_counter()
+        jax.block_until_ready(run(step_fn))
+        best[impl] = min(best[impl], time.perf_counter() - start)
+  results = [{"benchmark": "recurrence", "impl": impl, "steps": steps, "rounds": rounds,
+              "step_seconds": round(best[impl] / steps, 5),
+              "target_tokens_per_sec": round(tokens[impl] / best[impl], 1),
+              "shapes": sorted({tuple(b["src"].shape) for b in batches}),
+              "device": jax.devices()[0].device_kind, "cores": os.cpu_count()}
+             for impl in versions]
+  results.append({"benchmark": "recurrence", "speedup_vs_stepwise": round(best["stepwise"] /
+                                                                   best["ours"], 3)})
+  return results
