@@ -8,14 +8,19 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 pytest.importorskip("fastapi", reason="the server's tests need: pip install -e '.[serve]'")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
 from seq2seq.compare.comparison import run_names  # noqa: E402
+from seq2seq.data.special_ids import BOS_ID, EOS_ID  # noqa: E402
+from seq2seq.decoding import search  # noqa: E402
 from seq2seq.decoding.alignment import alignment  # noqa: E402
 from seq2seq.decoding.translator import Translator  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
@@ -150,6 +155,13 @@ def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, 
      "beam: Input should be a valid integer, unable to parse string as an integer."),
     ({"text": ["A dog."], "temperature": 2}, 422, "temperature: Extra inputs are not permitted."),
     ({"sentences": ["A dog."]}, 422, "text: Field required."),
+    ({"text": ["A dog."], "target": ["Ein Hund.", "Eine Katze."]}, 400,
+     "'target' and 'text' hold 2 and 1 entries; send one translation per sentence."),
+    ({"text": ["A dog."], "beam": 3, "nbest": 2, "target": ["Ein Hund."]}, 400,
+     "nbest 2 asks for a search's n best; with 'target' each sentence has the one translation"
+     " given: leave nbest at 1."),
+    ({"text": ["A dog."], "target": [" "]}, 400,
+     "target[0] is empty; send sentences with words in them."),
     ("{not json", 422, "the body is not valid JSON (Expecting property name enclosed in double"
                        " quotes)."),
 ])
@@ -174,6 +186,60 @@ def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, nam
   assert answer.json()["detail"].startswith("text[0] is ")
   assert answer.json()["detail"].endswith(f"{names[0]} translates up to {MAX_SUBWORDS}"
                                           " (seq2seq-serve --max_subwords).")
+
+
+def test_a_forced_target_of_the_beams_own_output_has_its_score(engine, runs, names):
+  """Scoring the search's best output as a given target gives the search's score: the
+  log-probability of its subwords over the GNMT length penalty at alpha 0.6."""
+  served = engine.runs[names[0]]
+  translator = served.searches[3, 1]
+  for line, nbest in zip(SENTENCES, translator.hypotheses(SENTENCES), strict=True):
+    _, log_probs = served.alignments(translator.source_ids(line), nbest[0].ids)
+    np.testing.assert_allclose(log_probs.sum() / search.length_penalty(len(nbest[0].ids), 0.6),
+                               nbest[0].score, rtol=1e-5)
+
+
+def test_forced_scores_are_the_runs_log_probabilities_of_the_targets(client, runs, names):
+  """The API's score of each given target is its length-normalized log-probability under the
+  run, computed op by op on the sentence alone."""
+  references = [reference for _, reference in VAL]
+  body = client.post("/translate", json={"text": SENTENCES, "run": names[0],
+                                         "target": references}).json()
+  assert body.get("forced") and "beam" not in body, body
+  assert body["translations"] == references
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  model = nnx.merge(translator.graphdef, translator.params)
+  for line, reference, score in zip(SENTENCES, references, body["scores"], strict=True):
+    out = [*translator.tokenizer.encode(reference), EOS_ID]
+    src = jnp.asarray([[*translator.source_ids(line), EOS_ID]])
+    logits = model.decode(model.encode(src), jnp.asarray([[BOS_ID, *out[:-1]]]))[0]
+    log_probs = jax.nn.log_softmax(logits)[jnp.arange(len(out)), jnp.asarray(out)]
+    np.testing.assert_allclose(score, log_probs.sum() / search.length_penalty(len(out), 0.6),
+                               rtol=1e-4)
+
+
+def test_forced_attention_follows_the_target_given(client, runs, names):
+  references = [reference for _, reference in VAL[:2]]
+  body = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
+                                         "target": references, "attention": True}).json()
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  for line, reference, found in zip(SENTENCES[:2], references, body["attention"], strict=True):
+    pieces = translator.tokenizer.pieces([*translator.tokenizer.encode(reference), EOS_ID])
+    source = translator.tokenizer.pieces([*translator.source_ids(line), EOS_ID])
+    assert (found["target"], found["source"]) == (pieces, source)
+    weights = np.asarray(found["weights"])
+    assert weights.shape[2:] == (len(pieces), len(source))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-3)
+  assert all(score < 0 for score in body["scores"])
+
+
+def test_a_target_longer_than_the_compiled_outputs_is_refused(client, names):
+  long = " ".join(["Hund"] * 39)  # 194 characters, more than 32 subwords.
+  answer = client.post("/translate", json={"text": ["A dog."], "run": names[0],
+                                           "target": [long]})
+  assert answer.status_code == 413
+  assert answer.json()["detail"].startswith("target[0] is ")
+  assert f"for text[0] {names[0]} scores translations of up to" in answer.json()["detail"]
 
 
 def test_several_runs_need_a_name(client):

@@ -3,7 +3,8 @@ subwords (the Transformer's cross-attention per layer and head, the RNN's alignm
 
 `alignment` computes it op by op for one sentence, for pictures. `Alignments` compiles it
 ahead per source length of the grid, as the searches are, for a server that must never
-compile while it answers.
+compile while it answers, together with the log-probability of each output subword: the
+score of any given translation (forced decoding), the search's own or a reference.
 """
 
 import functools
@@ -53,12 +54,22 @@ def _weights(params, src, tgt_in, *, graphdef):
   return model.attention_weights(model.encode(src), tgt_in)[:, 0]
 
 
+def _forced(params, src, tgt_in, out, *, graphdef):
+  """`_weights`, and the log-probability of each subword of `out` (`[1, n]`, `tgt_in` shifted
+  left) after the ones before it, as the searches compute it: `[tgt_len]`."""
+  model = nnx.merge(graphdef, params)
+  memory = model.encode(src)
+  log_probs = jax.nn.log_softmax(model.decode(memory, tgt_in)[0].astype(jnp.float32))
+  return (model.attention_weights(memory, tgt_in)[:, 0],
+          jnp.take_along_axis(log_probs, out[0][:, None], axis=-1)[:, 0])
+
+
 class Alignments:
-  """`alignment`'s weights for a translator's hypotheses, compiled ahead: one program per
-  source length of the grid (up to `longest` subwords, EOS included), whose target length is
-  the longest output the search gives such a source. Padding is masked out of the source and
-  comes after the target, so the weights equal those of the sentence alone (to float
-  rounding)."""
+  """`alignment`'s weights, and each output subword's log-probability, for any output of a
+  translator's sources, compiled ahead: one program per source length of the grid (up to
+  `longest` subwords, EOS included), whose target length is the longest output the search
+  gives such a source (`max_output`). Padding is masked out of the source and comes after
+  the target, so the results equal those of the sentence alone (to float rounding)."""
 
   def __init__(self, translator: Translator, longest: int):
     if isinstance(translator.graphdef, tuple):
@@ -66,8 +77,8 @@ class Alignments:
     self.translator, c = translator, translator.config
     self.lengths = batching.grid_lengths_up_to(longest, c.model.max_len)
     self._programs = compiling.Programs(
-        "attention", jax.jit(functools.partial(_weights, graphdef=translator.graphdef)),
-        lambda params, src, tgt_in: (src.shape, tgt_in.shape),
+        "attention", jax.jit(functools.partial(_forced, graphdef=translator.graphdef)),
+        lambda params, src, tgt_in, out: (src.shape, tgt_in.shape),
         options=compiling.compiler_options(c.compile.eval_options), threads=c.compile.threads)
 
   def _target_length(self, n: int) -> int:
@@ -78,24 +89,38 @@ class Alignments:
     """Compiles every program; returns their count."""
     params = compiling.shapes(self.translator.params)
     for n in self.lengths:
-      self._programs.add(params, jax.ShapeDtypeStruct((1, n), np.int32),
-                         jax.ShapeDtypeStruct((1, self._target_length(n)), np.int32))
+      target = jax.ShapeDtypeStruct((1, self._target_length(n)), np.int32)
+      self._programs.add(params, jax.ShapeDtypeStruct((1, n), np.int32), target, target)
     self._programs.wait()
     return len(self._programs)
 
-  def __call__(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """`[layers, heads, len(out), len(src) + 1]` weights of output `out` (ids through EOS, as
-    `Hypothesis.ids`) on source `src` (ids without EOS, as `Translator.source_ids`)."""
+  def _length_for(self, src_len: int, out_len: int) -> int | None:
+    """The grid length whose program holds a source of `src_len` and an output of `out_len`
+    subwords (EOS included in both), or None."""
+    return next((n for n in self.lengths if n >= src_len and self._target_length(n) >= out_len),
+                None)
+
+  def max_output(self, src: np.ndarray) -> int:
+    """The longest output (EOS included) any program holds for source `src` (without EOS)."""
+    src_len = min(len(src), self.translator.config.model.max_len - 1) + 1
+    return max((self._target_length(n) for n in self.lengths if n >= src_len), default=0)
+
+  def __call__(self, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The `[layers, heads, len(out), len(src) + 1]` weights of output `out` (ids through EOS,
+    as `Hypothesis.ids`) on source `src` (ids without EOS, as `Translator.source_ids`), and
+    the `[len(out)]` log-probability of each subword of `out`."""
     src_ids, tgt_in = _inputs(src[:self.translator.config.model.max_len - 1], out)
-    n = next((n for n in self.lengths
-              if n >= len(src_ids) and self._target_length(n) >= len(tgt_in)), None)
+    n = self._length_for(len(src_ids), len(tgt_in))
     if n is None:
       raise ValueError(f"no attention program holds {len(src_ids)} source and {len(tgt_in)}"
                        f" target subwords (compiled: {self.lengths}).")
     padded_src = np.zeros((1, n), np.int32)
     padded_src[0, :len(src_ids)] = src_ids
-    padded_tgt = np.zeros((1, self._target_length(n)), np.int32)
+    padded_tgt, padded_out = (np.zeros((1, self._target_length(n)), np.int32) for _ in "io")
     padded_tgt[0, :len(tgt_in)] = tgt_in
-    weights = self._programs(self.translator.params, jnp.asarray(padded_src),
-                             jnp.asarray(padded_tgt))
-    return np.asarray(jax.device_get(weights))[:, :, :len(tgt_in), :len(src_ids)]
+    padded_out[0, :len(out)] = out
+    weights, log_probs = jax.device_get(self._programs(
+        self.translator.params, jnp.asarray(padded_src), jnp.asarray(padded_tgt),
+        jnp.asarray(padded_out)))
+    return (np.asarray(weights)[:, :, :len(tgt_in), :len(src_ids)],
+            np.asarray(log_probs)[:len(out)])

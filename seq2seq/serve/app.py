@@ -39,6 +39,11 @@ class TranslateRequest(BaseModel):
   nbest: int = Field(1, description="Hypotheses per sentence, 1 to the beam.")
   attention: bool = Field(False, description="Also return the attention of each best"
                                              " translation.")
+  target: list[str] | str | None = Field(
+      None, description="Forced decoding: one translation per sentence, scored instead of"
+                        " searched; the answer holds them as given, with their"
+                        " length-normalized log-probabilities under the run (and their"
+                        " attention). beam and nbest do not apply.")
 
 
 class Hypothesis(BaseModel):
@@ -48,17 +53,19 @@ class Hypothesis(BaseModel):
 
 class Attention(BaseModel):
   source: list[str] = Field(description="Source subwords, ending with </s>.")
-  target: list[str] = Field(description="Target subwords of the best translation, with </s>"
-                                        " where the search reached it.")
+  target: list[str] = Field(description="Target subwords of the best (or given) translation,"
+                                        " with </s> where the search reached it.")
   weights: list[list[list[list[float]]]] = Field(
       description="[layer][head][target][source]; the RNN has one layer and one head.")
 
 
 class TranslateResponse(BaseModel):
   run: str
-  beam: int
+  beam: int | None = Field(None, description="The search's beam (absent with 'target').")
+  forced: bool | None = Field(None, description="True when the translations are the request's"
+                                                " 'target', scored rather than searched.")
   translations: list[str] = Field(description="The best translation of each sentence, in"
-                                              " order.")
+                                              " order (with 'target': the targets given).")
   scores: list[float] = Field(description="Their length-normalized log-probabilities.")
   nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each"
                                                                  " sentence's n best.")
@@ -139,6 +146,6 @@ def create_app(engine: Engine) -> FastAPI:
     """Translates each sentence of `text` with a run; requests that arrive together are
     translated together, in the compiled batch shapes."""
     return engine.translate(request.text, request.run, request.beam, request.nbest,
-                            request.attention)
+                            request.attention, request.target)
 
   return app

@@ -5,7 +5,8 @@ waiting together as one list, so that they share batches.
 A request is checked whole before it waits (`BadRequest`: a status and one line); the worker
 then groups the waiting requests by run and search, translates each group's sentences with
 one `Translator.hypotheses` call (batches of the compiled shapes), and answers each request
-with its own lines, in order.
+with its own lines, in order. A request with a `target` (forced decoding) is not searched:
+each given translation is scored, and its attention computed, by the run's `Alignments`.
 """
 
 import concurrent.futures
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2seq.data.special_ids import EOS_ID
+from seq2seq.decoding import search
 from seq2seq.decoding.alignment import Alignments
 from seq2seq.decoding.translator import Hypothesis, Translator
 from seq2seq.errors import UserError
@@ -48,7 +50,7 @@ class ServedRun:
 
   def __init__(self, name: str, workdir: Path, checkpoint: str, beams: Sequence[int],
                alpha: float, batch_size: int, max_subwords: int | None = None):
-    self.name, self.beams = name, tuple(beams)
+    self.name, self.beams, self.alpha = name, tuple(beams), alpha
     first = Translator(workdir, checkpoint, beam_size=beams[0], alpha=alpha,
                        batch_size=batch_size)
     self.config = first.config
@@ -87,6 +89,7 @@ class _Job:
   beam: int
   nbest: int
   attention: bool
+  targets: list[str] | None  # Forced decoding: the translations to score, one per line.
   answer: concurrent.futures.Future = dataclasses.field(
       default_factory=concurrent.futures.Future)
 
@@ -111,11 +114,46 @@ class Engine:
       self._worker.join()
 
   def translate(self, text: Sequence[str], run: str | None = None, beam: int | None = None,
-                nbest: int = 1, attention: bool = False) -> dict:
-    """The answer to one request (`BadRequest` for one the limits or runs refuse)."""
+                nbest: int = 1, attention: bool = False,
+                target: Sequence[str] | None = None) -> dict:
+    """The answer to one request (`BadRequest` for one the limits or runs refuse); with
+    `target`, one translation per sentence, those translations scored instead of searched."""
     job = self._check(text, run, beam, nbest, attention)
+    if target is not None:
+      job.targets = self._check_targets(job, target)
     self._queue.put(job)
     return job.answer.result()
+
+  def _check_lines(self, field: str, lines: list[str]) -> None:
+    """Each entry of `field` (text or target) is one sentence within the limits."""
+    for i, line in enumerate(lines):
+      if not line.strip():
+        raise BadRequest(400, f"{field}[{i}] is empty; send sentences with words in them.")
+      if len(line) > self.limits.max_chars:
+        raise BadRequest(413, f"{field}[{i}] has {len(line)} characters; send at most"
+                              f" {self.limits.max_chars} per sentence (--max_chars).")
+      if "\n" in line or "\r" in line:
+        raise BadRequest(400, f"{field}[{i}] holds a line break; send one sentence per entry.")
+
+  def _check_targets(self, job: _Job, target) -> list[str]:
+    """The translations to score, one per sentence, each short enough for the run's compiled
+    attention programs for its sentence."""
+    targets = [target] if isinstance(target, str) else list(target)
+    if len(targets) != len(job.lines):
+      raise BadRequest(400, f"'target' and 'text' hold {len(targets)} and {len(job.lines)}"
+                            " entries; send one translation per sentence.")
+    if job.nbest > 1:
+      raise BadRequest(400, f"nbest {job.nbest} asks for a search's n best; with 'target' each"
+                            " sentence has the one translation given: leave nbest at 1.")
+    self._check_lines("target", targets)
+    run = job.run
+    for i, (line, translation) in enumerate(zip(job.lines, targets, strict=True)):
+      length = len(run.tokenizer.encode(translation)) + 1  # With EOS.
+      longest = run.alignments.max_output(run.alignments.translator.source_ids(line))
+      if length > longest:
+        raise BadRequest(413, f"target[{i}] is {length} subwords long with </s>; for text[{i}]"
+                              f" {run.name} scores translations of up to {longest}.")
+    return targets
 
   def _check(self, text, run, beam, nbest, attention) -> _Job:
     """A request as a job, or `BadRequest` naming the first thing wrong with it."""
@@ -139,19 +177,13 @@ class Engine:
     if len(lines) > self.limits.max_lines:
       raise BadRequest(413, f"'text' holds {len(lines)} sentences; send at most"
                             f" {self.limits.max_lines} per request (--max_lines).")
+    self._check_lines("text", lines)
     for i, line in enumerate(lines):
-      if not line.strip():
-        raise BadRequest(400, f"text[{i}] is empty; send sentences with words in them.")
-      if len(line) > self.limits.max_chars:
-        raise BadRequest(413, f"text[{i}] has {len(line)} characters; send at most"
-                              f" {self.limits.max_chars} per sentence (--max_chars).")
-      if "\n" in line or "\r" in line:
-        raise BadRequest(400, f"text[{i}] holds a line break; send one sentence per entry.")
       length = len(served.tokenizer.encode(line))
       if length >= served.longest:
         raise BadRequest(413, f"text[{i}] is {length} subwords long; {run} translates up to"
                               f" {served.longest - 1} (seq2seq-serve --max_subwords).")
-    return _Job(served, lines, beam, nbest, attention)
+    return _Job(served, lines, beam, nbest, attention, None)
 
   def _work(self) -> None:
     """Takes every job waiting, translates each group of one run and search together."""
@@ -168,10 +200,13 @@ class Engine:
         jobs.append(more)
       groups: dict[tuple, list[_Job]] = {}
       for j in jobs:
-        key = (j.run.name, j.beam, 1 if j.nbest == 1 else j.beam)
+        key = (j.run.name, j.beam, 1 if j.nbest == 1 else j.beam, j.targets is not None)
         groups.setdefault(key, []).append(j)
-      for (_, beam, nbest), group in groups.items():
-        self._answer(group, group[0].run.searches[beam, nbest])
+      for (_, beam, nbest, forced), group in groups.items():
+        if forced:
+          self._answer_forced(group)
+        else:
+          self._answer(group, group[0].run.searches[beam, nbest])
 
   def _answer(self, jobs: list[_Job], translator: Translator) -> None:
     """Translates the jobs' sentences as one list and answers each job with its own."""
@@ -198,19 +233,42 @@ class Engine:
       response["nbest"] = [[{"translation": h.text, "score": h.score} for h in nbest[:job.nbest]]
                            for nbest in hypotheses]
     if job.attention:
-      response["attention"] = [self._attention(job.run, line, nbest[0])
+      response["attention"] = [self._attention(job.run, line, nbest[0].ids)
                                for line, nbest in zip(job.lines, hypotheses, strict=True)]
+      for found in response["attention"]:
+        del found["log_probs"]
     return response
 
+  def _answer_forced(self, jobs: list[_Job]) -> None:
+    """Scores each job's given translations, with their attention where asked."""
+    for job in jobs:
+      try:
+        run, translations, scores, attention = job.run, [], [], []
+        for line, target in zip(job.lines, job.targets, strict=True):
+          out = np.asarray([*run.tokenizer.encode(target), EOS_ID], np.int32)
+          found = self._attention(run, line, out)
+          translations.append(target)
+          scores.append(float(found.pop("log_probs").sum()
+                              / search.length_penalty(len(out), run.alpha)))
+          attention.append(found)
+        response = {"run": run.name, "forced": True, "translations": translations,
+                    "scores": scores}
+        job.answer.set_result({**response, "attention": attention} if job.attention
+                              else response)
+      except Exception as e:  # noqa: BLE001 (the request hears of it)
+        log.exception("Scoring %d given translations failed", len(job.lines))
+        job.answer.set_exception(e)
+
   @staticmethod
-  def _attention(run: ServedRun, line: str, best: Hypothesis) -> dict:
-    """The attention of `best`, the translation of `line`: subwords on both sides, weights
-    `[layers][heads][target][source]` rounded to 4 decimals."""
+  def _attention(run: ServedRun, line: str, out: np.ndarray) -> dict:
+    """The attention of output `out` (ids through EOS) for `line`: subwords on both sides,
+    weights `[layers][heads][target][source]` rounded to 4 decimals, and the log-probability
+    of each output subword (`log_probs`)."""
     src = run.alignments.translator.source_ids(line)
-    weights = run.alignments(src, best.ids)
+    weights, log_probs = run.alignments(src, out)
     source = np.concatenate([src[:run.longest - 1], [EOS_ID]])
-    return {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(best.ids),
-            "weights": np.round(weights, 4).tolist()}
+    return {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(out),
+            "weights": np.round(weights, 4).tolist(), "log_probs": log_probs}
 
 
 def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
