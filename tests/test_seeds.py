@@ -4,6 +4,8 @@ vmapped program, and each member is the run that seed trains alone."""
 import logging
 import os
 import signal
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -16,7 +18,7 @@ from seq2seq.evaluation import evaluate
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.training import loop, steps
 from seq2seq.training.trainer import Trainer
-from tests.helpers import read_metrics, shared_run_config
+from tests.helpers import ENV, ROOT, read_metrics, shared_run_config
 
 SEEDS = (0, 1)
 
@@ -183,3 +185,18 @@ def test_the_sweep_groups_the_seeds_of_each_point_that_start_together():
                                   one_by_one=False)) == [
       ["attention-dot_seed-0"], ["attention-dot_seed-1"],
       ["attention-general_seed-0", "attention-general_seed-1"]]
+
+
+@pytest.mark.slow  # Builds the RNN recipe's data and state: about 30 s.
+def test_the_rnn_recipes_seed_group_is_initialized(tmp_path):
+  """XLA:CPU never finished the vmapped initialization of this group (train state and Adam's
+  moments of 2 seeds): the sweep of issue 43 waited at its first step for as long as it ran.
+  The members are now initialized one after another in the program; each equals its seed's
+  run alone (test_a_two_seed_sweep_..._equal_the_runs_alone)."""
+  script = ("import sys; from pathlib import Path; from tests.helpers import load_config;"
+            " from seq2seq.training.trainer import Trainer;"
+            " t = Trainer(load_config('multi30k_rnn'), Path(sys.argv[1]), seeds=[0, 1]);"
+            " print(int(t.new_state().step[0]))")
+  done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=ENV, cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr[-2000:]

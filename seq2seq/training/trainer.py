@@ -172,8 +172,12 @@ class Trainer:
         lambda s: NamedSharding(self.mesh, P(None, *s.spec)), member_sharding)
     self.dropout_key = jax.jit(lambda: jax.vmap(jax.random.key)(seeds),
                                out_shardings=self.replicated)()
-    self.init_state = jax.jit(lambda: jax.vmap(init)(jax.vmap(jax.random.key)(seeds)),
-                              out_shardings=state_sharding)
+    # The members one after another inside the program, not vmapped: XLA:CPU (jaxlib 0.10.2)
+    # never finished the vmapped initialization of the RNN recipe's group (it waited forever).
+    self.init_state = jax.jit(
+        lambda: jax.tree.map(lambda *xs: jnp.stack(xs),
+                             *[init(jax.random.key(seed)) for seed in self.seeds]),
+        out_shardings=state_sharding)
     self.abstract_state = _with_shardings(jax.eval_shape(self.init_state), state_sharding)
     self._member = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
                            out_shardings=member_sharding)
