@@ -167,6 +167,25 @@ def test_beam_search_under_jit_equals_eager(model):
   np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", [search.Greedy(0.6), search.Sampling(3, temperature=2.0,
+                                                                         top_k=5, alpha=1.0)],
+                         ids=["greedy", "sampling"])
+def test_one_hypothesis_scores_are_the_models_log_probability_of_the_output(model, strategy):
+  """Greedy and sampling score their output as beam search does: its log-probability under
+  the model (teacher-forced, through EOS or the cap), over the length penalty at alpha."""
+  ids, scores = search.generate(model, SRC, strategy, max_len=8)
+  for row, (out, score) in enumerate(zip(np.asarray(ids)[:, 0], np.asarray(scores)[:, 0],
+                                         strict=True)):
+    ends = np.flatnonzero(out == EOS_ID)
+    out = out[:ends[0] + 1] if len(ends) else out
+    logits = model.decode(model.encode(SRC[row:row + 1]),
+                          jnp.asarray([[BOS_ID, *out[:-1]]]))[0]
+    log_probs = jax.nn.log_softmax(logits)[jnp.arange(len(out)), jnp.asarray(out)]
+    np.testing.assert_allclose(score, log_probs.sum() / search.length_penalty(len(out),
+                                                                              strategy.alpha),
+                               rtol=1e-4)
+
+
 def test_sampling_with_top_k_one_is_greedy(model):
   greedy, _ = search.generate(model, SRC, search.Greedy(), max_len=8)
   sampled, _ = search.generate(model, SRC, search.Sampling(3, temperature=2.0, top_k=1),
@@ -197,10 +216,10 @@ def test_strategies_are_hashable_values_that_a_jitted_search_closes_over():
 
 
 def test_the_search_flags_name_one_strategy():
-  assert translator.search_strategy(1, 0.6) == search.Greedy()
+  assert translator.search_strategy(1, 0.6) == search.Greedy(0.6)
   assert translator.search_strategy(2, 0.6, nbest=2) == search.Beam(2, 0.6, nbest=2)
   assert translator.search_strategy(1, 0.6, nbest=1, sample_seed=5, temperature=0.5,
-                                    top_k=3) == search.Sampling(5, 0.5, 3)
+                                    top_k=3) == search.Sampling(5, 0.5, 3, 0.6)
 
 
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])

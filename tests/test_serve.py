@@ -188,15 +188,17 @@ def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, nam
                                           " (seq2seq-serve --max_subwords).")
 
 
-def test_a_forced_target_of_the_beams_own_output_has_its_score(engine, runs, names):
-  """Scoring the search's best output as a given target gives the search's score: the
+@pytest.mark.parametrize("beam", [1, 3], ids=["greedy", "beam-3"])
+def test_a_forced_target_of_the_searchs_own_output_has_its_score(engine, names, beam):
+  """Scoring a search's best output as a given target gives the search's score: the
   log-probability of its subwords over the GNMT length penalty at alpha 0.6."""
   served = engine.runs[names[0]]
-  translator = served.searches[3, 1]
+  translator = served.searches[beam, 1]
   for line, nbest in zip(SENTENCES, translator.hypotheses(SENTENCES), strict=True):
     _, log_probs = served.alignments(translator.source_ids(line), nbest[0].ids)
     np.testing.assert_allclose(log_probs.sum() / search.length_penalty(len(nbest[0].ids), 0.6),
                                nbest[0].score, rtol=1e-5)
+    assert nbest[0].score < 0
 
 
 def test_forced_scores_are_the_runs_log_probabilities_of_the_targets(client, runs, names):

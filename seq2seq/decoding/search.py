@@ -5,8 +5,11 @@ model's `decode_step` with its encoder memory bound, e.g.
 `functools.partial(model.decode_step, memory)`. Loops run under
 `lax.while_loop` so a whole batch decodes inside one compiled program.
 
-A search strategy is a small frozen value: `Greedy()`, `Beam(beam_size, alpha,
-nbest)` or `Sampling(seed, temperature, top_k)`. Strategies are hashable, so a
+A search strategy is a small frozen value: `Greedy(alpha)`, `Beam(beam_size, alpha,
+nbest)` or `Sampling(seed, temperature, top_k, alpha)`. Every strategy scores what it
+returns by its length-normalized log-probability under the model (the GNMT penalty at
+`alpha`), so a greedy, sampled or beam output's score equals the forced score of that
+output (`alignment.Alignments`). Strategies are hashable, so a
 jitted search closes over one as a constant; `generate(model, src_ids, strategy,
 max_len=...)` encodes once and decodes with it.
 """
@@ -23,7 +26,8 @@ from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
 
 
-def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick) -> jnp.ndarray:
+def token_by_token(step_fn, cache, batch_size: int, max_len: int,
+                   pick) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Extends one hypothesis per sentence by the token `pick` chooses, until EOS or `max_len`.
 
   Args:
@@ -34,30 +38,38 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick) -> jnp.n
     pick: `(logits [batch, vocab], step) -> token ids [batch]` (`Greedy.pick`, `Sampling.pick`).
 
   Returns:
-    `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD.
+    `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD; `[batch]`
+    their summed log-probabilities under the model (float32), and `[batch]` their count.
   """
 
   def cond(carry):
-    i, _, _, _, finished = carry
+    i, _, _, _, finished, _, _ = carry
     return (i < max_len) & ~jnp.all(finished)
 
   def body(carry):
-    i, cache, tokens, last, finished = carry
+    i, cache, tokens, last, finished, log_probs, lengths = carry
     logits, cache = step_fn(cache, last)
     next_ids = pick(logits, i).astype(jnp.int32)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)),
+                                 next_ids[:, None], axis=-1)[:, 0]
+    log_probs = log_probs + jnp.where(finished, 0.0, picked)
+    lengths = lengths + (~finished).astype(jnp.int32)
     next_ids = jnp.where(finished, PAD_ID, next_ids)
     tokens = tokens.at[:, i].set(next_ids)
-    return i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID)
+    return (i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID), log_probs,
+            lengths)
 
   init = (jnp.zeros((), jnp.int32), cache, jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
-          jnp.full((batch_size,), BOS_ID, jnp.int32), jnp.zeros((batch_size,), bool))
-  return jax.lax.while_loop(cond, body, init)[2]
+          jnp.full((batch_size,), BOS_ID, jnp.int32), jnp.zeros((batch_size,), bool),
+          jnp.zeros((batch_size,), jnp.float32), jnp.zeros((batch_size,), jnp.int32))
+  _, _, tokens, _, _, log_probs, lengths = jax.lax.while_loop(cond, body, init)
+  return tokens, log_probs, lengths
 
 
 def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
   """The most likely token at every step (`token_by_token` with `Greedy.pick`): `[batch,
   max_len]` ids."""
-  return token_by_token(step_fn, cache, batch_size, max_len, Greedy.pick)
+  return token_by_token(step_fn, cache, batch_size, max_len, Greedy.pick)[0]
 
 
 def max_decode_len(src_len: int, a: float, b: int, limit: int) -> int:
@@ -260,8 +272,10 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
 
 
 class _OneHypothesis:
-  """A strategy that extends one hypothesis per sentence by the token `pick` chooses."""
+  """A strategy that extends one hypothesis per sentence by the token `pick` chooses, scored
+  by its log-probability over the length penalty at `alpha`."""
   nbest: ClassVar[int] = 1
+  alpha: float
 
   def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
     raise NotImplementedError
@@ -272,15 +286,15 @@ class _OneHypothesis:
 
   def search(self, step_fn, cache, batch_size: int,
              max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """ids `[batch, 1, max_len]` and scores `[batch, 1]`, all 0: the log-probability of a
-    picked hypothesis is not tracked."""
-    ids = token_by_token(step_fn, cache, batch_size, max_len, self.pick)
-    return ids[:, None], jnp.zeros((batch_size, 1), jnp.float32)
+    """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]`."""
+    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, self.pick)
+    return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
 class Greedy(_OneHypothesis):
   """The most likely token at every step."""
+  alpha: float = 0.0
 
   @staticmethod
   def pick(logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
@@ -291,10 +305,12 @@ class Greedy(_OneHypothesis):
 @dataclasses.dataclass(frozen=True)
 class Sampling(_OneHypothesis):
   """Each token drawn from softmax(logits / `temperature`), among the `top_k` most likely
-  (0: all); `seed` fixes the draws, so the same seed gives the same samples."""
+  (0: all); `seed` fixes the draws, so the same seed gives the same samples. The score is
+  the sample's log-probability under the model itself (not its tempered or cut one)."""
   seed: int
   temperature: float = 1.0
   top_k: int = 0
+  alpha: float = 0.0
 
   def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
     logits = logits.astype(jnp.float32) / self.temperature
@@ -343,8 +359,8 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *,
     max_len: most output tokens per sentence (EOS included).
 
   Returns:
-    ids `[batch, nbest, max_len]` and scores `[batch, nbest]` (`strategy.nbest`; greedy and
-    sampling do not track the log-probability, so their scores are 0).
+    ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`
+    (`strategy.nbest`).
   """
   memory = strategy.prepare(model.encode(src_ids))
   return strategy.search(functools.partial(model.decode_step, memory),

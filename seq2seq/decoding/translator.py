@@ -59,9 +59,9 @@ def search_strategy(beam_size: int, alpha: float, nbest: int = 1, *,
   """The strategy the search flags (and config.eval's beam_size and alpha) name: sampling
   when a seed is given, greedy for one beam and one hypothesis, beam search otherwise."""
   if sample_seed is not None:
-    return search.Sampling(sample_seed, temperature, top_k)
+    return search.Sampling(sample_seed, temperature, top_k, alpha)
   if beam_size == 1 and nbest == 1:
-    return search.Greedy()
+    return search.Greedy(alpha)
   return search.Beam(beam_size, alpha, nbest)
 
 
