@@ -152,7 +152,7 @@ def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, 
      "nbest 4 must be between 1 and the beam, 3."),
     ({"text": ["A dog."], "nbest": 0}, 400, "nbest 0 must be between 1 and the beam, 1."),
     ({"text": ["A dog."], "run": None, "beam": "four"}, 422,
-     "beam: Input should be a valid integer, unable to parse string as an integer."),
+     "beam: Input should be a valid integer."),
     ({"text": ["A dog."], "temperature": 2}, 422, "temperature: Extra inputs are not permitted."),
     ({"sentences": ["A dog."]}, 422, "text: Field required."),
     ({"text": ["A dog."], "target": ["Ein Hund.", "Eine Katze."]}, 400,
@@ -177,6 +177,46 @@ def test_bad_requests_are_a_4xx_with_one_line_and_the_server_stays_up(client, ru
   assert (answer.status_code, answer.json()) == (status, {"detail": detail.format(
       runs=", ".join(names), first=first)})
   assert client.post("/translate", json={"text": ["A dog."], "run": first}).status_code == 200
+
+
+HOSTILE = [  # (body with {run} for the run's name, status, the answer's one line)
+    ('{{"text": ["A dog \\ud800 runs."], "run": "{run}"}}', 400,
+     "text[0] holds a lone surrogate U+D800, which is not text; remove it (JSON escapes such as"
+     " \\ud800 must pair into one character)."),
+    ('{{"text": ["A dog \\u0007 runs."], "run": "{run}"}}', 400,
+     "text[0] holds the control character U+0007, which is not text; remove it (JSON escapes"
+     " such as \\ud800 must pair into one character)."),
+    ('{{"text": ["A dog."], "target": ["Ein \\udfff Hund."], "run": "{run}"}}', 400,
+     "target[0] holds a lone surrogate U+DFFF, which is not text; remove it (JSON escapes such"
+     " as \\ud800 must pair into one character)."),
+    ('{{"text": ["A dog."], "beam": true, "run": "{run}"}}', 422,
+     "beam: Input should be a valid integer."),
+    ('{{"text": ["A dog."], "attention": "yes", "run": "{run}"}}', 422,
+     "attention: Input should be a valid boolean."),
+    ('{{"text": 5, "run": "{run}"}}', 422, None),
+    (b'{"text": ["A dog \xff runs."]}', 400,
+     "the body is not UTF-8 (byte 0xff at position 17); send JSON encoded in UTF-8."),
+    ("[" * 100_000 + "]" * 100_000, 400,
+     'the body nests deeper than the JSON parser follows; send an object of the documented'
+     ' shape, such as {"text": ["A dog runs."]}.'),
+]
+
+
+@pytest.mark.parametrize("body, status, detail", HOSTILE, ids=[
+    "lone surrogate", "control character", "target surrogate", "beam true", "attention yes",
+    "text a number", "not utf-8", "100,000 deep"])
+def test_hostile_bodies_are_a_4xx_with_one_line_and_the_server_stays_up(client, names, body,
+                                                                        status, detail):
+  content = body if isinstance(body, bytes) else body.format(run=names[0]) if "{run}" in body \
+      else body
+  answer = client.post("/translate", content=content,
+                       headers={"Content-Type": "application/json"})
+  assert answer.status_code == status, answer.text
+  line = answer.json()["detail"]
+  assert isinstance(line, str) and "\n" not in line
+  if detail is not None:
+    assert line == detail
+  assert client.post("/translate", json={"text": ["A dog."], "run": names[0]}).status_code == 200
 
 
 def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, names):

@@ -21,6 +21,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from seq2seq.serve.engine import BadRequest, Engine
 
@@ -28,8 +29,9 @@ STATIC = Path(__file__).parent / "static"
 
 
 class TranslateRequest(BaseModel):
-  """Sentences to translate, one per entry, and how."""
-  model_config = ConfigDict(extra="forbid")
+  """Sentences to translate, one per entry, and how. Types are strict: `"beam": true` or
+  `"beam": "4"` is refused, not read as 1 or 4."""
+  model_config = ConfigDict(extra="forbid", strict=True)
   text: list[str] | str = Field(description="One sentence, or a list of sentences.",
                                 examples=[["A dog runs on the beach."]])
   run: str | None = Field(None, description="The run's name (GET /runs); needed when the"
@@ -70,6 +72,19 @@ class TranslateResponse(BaseModel):
   nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each"
                                                                  " sentence's n best.")
   attention: list[Attention] | None = None
+
+
+def _unparsable(error: HTTPException) -> str | None:
+  """Why a body could not be parsed at all, in one line, where FastAPI says only that it
+  could not (the cause it raised from)."""
+  cause = error.__cause__
+  if isinstance(cause, UnicodeDecodeError):
+    return (f"the body is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at position"
+            f" {cause.start}); send JSON encoded in UTF-8.")
+  if isinstance(cause, RecursionError):
+    return ("the body nests deeper than the JSON parser follows; send an object of the"
+            " documented shape, such as {\"text\": [\"A dog runs.\"]}.")
+  return None
 
 
 def _one_line(error: RequestValidationError) -> str:
@@ -117,6 +132,15 @@ def create_app(engine: Engine) -> FastAPI:
   def bad_request(request: Request, error: BadRequest):
     del request
     return JSONResponse({"detail": error.reason}, status_code=error.status)
+
+  @app.exception_handler(HTTPException)
+  def http_error(request: Request, error: HTTPException):
+    del request
+    reason = _unparsable(error)
+    if reason is not None:
+      return JSONResponse({"detail": reason}, status_code=400)
+    return JSONResponse({"detail": error.detail}, status_code=error.status_code,
+                        headers=error.headers)
 
   @app.exception_handler(RequestValidationError)
   def invalid(request: Request, error: RequestValidationError):

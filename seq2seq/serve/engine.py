@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,17 @@ from seq2seq.decoding.translator import Hypothesis, Translator
 from seq2seq.errors import UserError
 
 log = logging.getLogger("seq2seq")
+
+
+def _not_text(c: str) -> bool:
+  """A lone UTF-16 surrogate (no character: UTF-8 cannot encode it) or a control character
+  other than a tab (Unicode category Cc)."""
+  return "\ud800" <= c <= "\udfff" or (unicodedata.category(c) == "Cc" and c != "\t")
+
+
+def _named(c: str) -> str:
+  kind = "a lone surrogate" if "\ud800" <= c <= "\udfff" else "the control character"
+  return f"{kind} U+{ord(c):04X}"
 
 
 class BadRequest(Exception):
@@ -134,6 +146,10 @@ class Engine:
                               f" {self.limits.max_chars} per sentence (--max_chars).")
       if "\n" in line or "\r" in line:
         raise BadRequest(400, f"{field}[{i}] holds a line break; send one sentence per entry.")
+      odd = next((c for c in line if _not_text(c)), None)
+      if odd is not None:
+        raise BadRequest(400, f"{field}[{i}] holds {_named(odd)}, which is not text; remove it"
+                              " (JSON escapes such as \\ud800 must pair into one character).")
 
   def _check_targets(self, job: _Job, target) -> list[str]:
     """The translations to score, one per sentence, each short enough for the run's compiled
