@@ -200,3 +200,23 @@ def test_the_rnn_recipes_seed_group_is_initialized(tmp_path):
   done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=ENV, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
   assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr[-2000:]
+
+
+def test_a_member_that_ends_drops_its_metrics_and_gathers_no_more(tmp_path):
+  """A group's member that has ended (diverged, or its workdir refused) while the others
+  train on keeps none of the group's metrics: they would pile up until the group ends."""
+  from seq2seq.errors import UserError
+  from seq2seq.training import actions
+  from tests.helpers import fast_tiny_config
+
+  trainer = Trainer(fast_tiny_config(), tmp_path / "seed-0", seeds=SEEDS)
+  workdirs = [tmp_path / f"seed-{seed}" for seed in SEEDS]
+  with actions.LoopActions(trainer, [(Checkpoints(w / "checkpoints", keep=1), w)
+                                     for w in workdirs], 0) as run:
+    metrics = {"loss": jax.numpy.zeros(len(SEEDS)), "tokens": jax.numpy.ones(len(SEEDS))}
+    run.dispatched(metrics)
+    run.runs[1].end(UserError("the disk is full"))
+    run.dispatched(metrics)
+    run.dispatched(metrics)
+    assert [len(one.interval.calls) for one in run.runs] == [3, 0]
+    assert [i for i, _ in run.training] == [0]

@@ -179,6 +179,12 @@ class RunActions:
     self.last_eval: dict = {}
     self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
 
+  def end(self, result: dict | Exception) -> None:
+    """The run has ended with `result`: the metrics of its steps not yet recorded are dropped,
+    and none are added after (`LoopActions.dispatched`)."""
+    self.ended = result
+    self.interval.restart()
+
   def save_on_stop(self, state, done: int, received: str) -> None:
     """Saves step `done` (unless validation just did) and says how to resume."""
     if self.checkpoints.latest_step() != done:
@@ -211,7 +217,7 @@ class LoopActions:
 
   def dispatched(self, metrics: dict, size: int = 1) -> None:
     """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
-    for run in self.runs:
+    for _, run in self.training:  # A member that has ended gathers nothing.
       run.interval.add(metrics, size)
     self.progress.dispatched(metrics, size)
 

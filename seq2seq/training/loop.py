@@ -326,11 +326,11 @@ def _loop(trainer: Trainer, run: actions.LoopActions, state: TrainState,
         if trainer.seeds is None:
           raise
         log.error("%s%s", one.label, e)  # The other members train on.
-        one.ended = e
+        one.end(e)
     if stopping and done < num_steps:
       for member, one in run.training:
         one.save_on_stop(trainer.member_state(state, member), done, stopping)
-        one.ended = {**one.last_eval, "step": done, "interrupted": stopping}
+        one.end({**one.last_eval, "step": done, "interrupted": stopping})
   return [one.ended if one.ended is not None else one.last_eval for one in run.runs]
 
 
@@ -349,6 +349,6 @@ def _actions(trainer: Trainer, runs: actions.LoopActions, run: actions.RunAction
     run.last_eval = run.validate(trainer.member_state(state, member), done)  # With a checkpoint.
     if run.early_stopping.exhausted(done) and done < trainer.config.train.num_steps:
       log.info("%s%s", run.label, run.early_stopping.message(done))
-      run.ended = {**run.last_eval, "early_stopped": True}
+      run.end({**run.last_eval, "early_stopped": True})
   elif save_now:
     run.periodic_save(trainer.member_state(state, member), done)
