@@ -157,9 +157,15 @@ def _compile_defaults() -> ml_collections.ConfigDict:
 
 def parse_compiler_options(text: str, field: str = "config.compile") -> dict[str, str]:
   """`"name=value,name=value"` as a dict (`""`: none); `UserError` naming `field` if an
-  item is not name=value."""
+  item is empty or not name=value. Whether XLA knows each name and takes its value is
+  `compiling.check_options`'s to say (it needs XLA)."""
   options = {}
-  for item in filter(None, (part.strip() for part in text.split(","))):
+  if not text.strip():
+    return options
+  for item in (part.strip() for part in text.split(",")):
+    if not item:
+      raise UserError(f"{field}={text!r} has an empty item (two commas in a row, or one at an"
+                      " end); separate its name=value options by single commas.")
     name, equals, value = item.partition("=")
     if not equals or not name.strip() or not value.strip() or " " in name.strip():
       raise UserError(f"{field}={text!r}: {item!r} is not name=value; pass XLA options such as"

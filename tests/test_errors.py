@@ -282,6 +282,23 @@ CASES = [
      "config.compile.eval_options='xla_gpu_autotune_level': 'xla_gpu_autotune_level' is not"
      " name=value; pass XLA options such as config.compile.eval_options=xla_gpu_autotune_level=0"
      " (several separated by commas)."),
+    ("compiler option with a bad value",
+     lambda r, t, v: train_with(t / "new", compile__eval_options="xla_cpu_enable_fast_math=maybe"),
+     "config.compile.eval_options='xla_cpu_enable_fast_math=maybe': XLA refuses it (While setting"
+     " option xla_cpu_enable_fast_math, 'maybe' is not a valid bool value.); pass options XLA"
+     " knows, with values of their type, such as"
+     " config.compile.eval_options=xla_gpu_autotune_level=0."),
+    ("unknown compiler option",
+     lambda r, t, v: train_with(t / "new", compile__train_options="xla_no_such_option=1"),
+     "config.compile.train_options='xla_no_such_option=1': XLA refuses it (No such compile"
+     " option: 'xla_no_such_option'); pass options XLA knows, with values of their type, such"
+     " as config.compile.train_options=xla_gpu_autotune_level=0."),
+    ("empty compiler option",
+     lambda r, t, v: train_with(t / "new", compile__train_options="xla_cpu_enable_fast_math=false,,"
+                                "xla_gpu_autotune_level=0"),
+     "config.compile.train_options='xla_cpu_enable_fast_math=false,,xla_gpu_autotune_level=0'"
+     " has an empty item (two commas in a row, or one at an end); separate its name=value"
+     " options by single commas."),
     ("negative test beam", lambda r, t, v: train_with(t / "new", eval__test_beam_size=-1),
      "config.eval.test_beam_size=-1 must not be negative."),
     ("attention not of the family",

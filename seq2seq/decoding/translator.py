@@ -233,6 +233,7 @@ class Translator:
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = workdirs.read_run_config(workdir)
+    compiling.check_options(self.config, ("eval_options",))  # Its searches compile with them.
     self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
                                     temperature=temperature, top_k=top_k)
     self.batch_size = batch_size or self.config.eval.batch_size

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import monitoring
 
 import seq2seq
@@ -232,6 +233,26 @@ def compiler_options(text: str) -> dict[str, bool | int | float | str]:
     log.info("XLA_FLAGS sets %s; config.compile's value is not used for it.",
              ", ".join(overridden))
   return {name: _typed(value) for name, value in options.items() if name not in overridden}
+
+
+def check_options(config, fields: tuple[str, ...] = ("train_options", "eval_options")) -> None:
+  """Compiles a trivial program with each config.compile field's options in `fields`: an
+  option XLA does not know, or a value it refuses, is one `UserError` naming the field,
+  before any work (no workdir created, no step taken). Call once the devices are set up."""
+  program = None
+  for name in fields:
+    text = config.compile[name]
+    options = compiler_options(text)
+    if not options:
+      continue
+    program = program or jax.jit(lambda x: x + 1).lower(jnp.zeros((), jnp.float32))
+    try:
+      program.compile(compiler_options=options)
+    except jax.errors.JaxRuntimeError as e:
+      reason = str(e).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
+      raise UserError(f"config.compile.{name}={text!r}: XLA refuses it ({reason}); pass options"
+                      " XLA knows, with values of their type, such as"
+                      f" config.compile.{name}=xla_gpu_autotune_level=0.") from None
 
 
 def _compile(key: Hashable, lower: Callable[[], Any], options: dict,

@@ -72,6 +72,7 @@ def _prepare(config: ml_collections.ConfigDict) -> None:
   config_lib.validate(config)
   models.check_config(config)
   distributed.initialize_distributed(config.distributed)  # Before anything touches a device.
+  compiling.check_options(config)  # XLA's word on its options, before a workdir is made.
 
 
 class _Claim:
