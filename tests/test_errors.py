@@ -299,6 +299,10 @@ CASES = [
      "config.compile.train_options='xla_cpu_enable_fast_math=false,,xla_gpu_autotune_level=0'"
      " has an empty item (two commas in a row, or one at an end); separate its name=value"
      " options by single commas."),
+    ("unexpanded tilde", lambda r, t, v: train_with("~/seq2seq-test-new"),
+     "--workdir=~/seq2seq-test-new starts with '~', which the shell does not expand after '=';"
+     " write the path out, e.g. --workdir=" + str(Path("~/seq2seq-test-new").expanduser())
+     + "."),
     ("negative test beam", lambda r, t, v: train_with(t / "new", eval__test_beam_size=-1),
      "config.eval.test_beam_size=-1 must not be negative."),
     ("attention not of the family",
@@ -714,9 +718,12 @@ COMMANDS = [
      "--beams=4,0 must list beam sizes of at least 1, each once, e.g. --beams=1,4."),
     ("serve.py, a port out of range", ["serve.py", "--workdir={run}", "--port=70000"],
      "--port=70000 must be between 1 and 65535."),
+    ("serve.py, one run twice", ["serve.py", "--workdir={run},{run}", "--port=1"],
+     "--workdir lists one run twice ({run} and {run}); list each run once (--checkpoint picks"
+     " the same checkpoint of every run)."),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
      "flag --mode=['nope']: --mode takes some of train, decode, padding, compile, calls, seeds,"
-     " saves, serve (comma-separated)"),
+     " saves, recurrence, serve (comma-separated)"),
     ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
      "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],

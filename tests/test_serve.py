@@ -24,7 +24,7 @@ from seq2seq.decoding import search  # noqa: E402
 from seq2seq.decoding.alignment import alignment  # noqa: E402
 from seq2seq.decoding.translator import Translator  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
-from seq2seq.serve.app import create_app, serving_in_background  # noqa: E402
+from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
 from seq2seq.serve.engine import Engine, Limits, ServedRun  # noqa: E402
 from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
 
@@ -282,6 +282,13 @@ def test_a_target_longer_than_the_compiled_outputs_is_refused(client, names):
   assert answer.status_code == 413
   assert answer.json()["detail"].startswith("target[0] is ")
   assert f"for text[0] {names[0]} scores translations of up to" in answer.json()["detail"]
+
+
+def test_only_loopback_hosts_serve_without_a_warning():
+  """seq2seq-serve warns, once, when --host is not this machine alone: the API has no
+  authentication."""
+  assert all(map(is_loopback, ["127.0.0.1", "127.0.0.2", "::1", "localhost"]))
+  assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.20", "example.org"]))
 
 
 def test_several_runs_need_a_name(client):

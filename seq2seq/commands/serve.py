@@ -101,6 +101,12 @@ def main(argv):
       raise UserError(f"--port={_PORT.value} must be between 1 and 65535.")
     beams = _beams()
     _check_port(_HOST.value, _PORT.value)
+    from seq2seq.serve.app import is_loopback
+
+    if not is_loopback(_HOST.value):
+      log.warning("--host=%s serves this API, which has no authentication, to every machine"
+                  " that can reach this address; put a proxy with authentication in front of"
+                  " it, or serve on --host=127.0.0.1.", _HOST.value)
     import uvicorn  # The [serve] extra: imported once the flags are known to be good.
 
     from seq2seq.serve.app import create_app

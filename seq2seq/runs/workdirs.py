@@ -43,12 +43,24 @@ RUN_ENTRIES = (CONFIG, VOCAB.parent, CHECKPOINTS, DAMAGED_CHECKPOINTS, METRICS, 
                LOCK)
 
 
+def check_no_tilde(workdir: str | Path) -> None:
+  """Raises `UserError` if `workdir` starts with a `~` the shell left as it is (it expands
+  one only at the start of a word, so not in --workdir=~/...): a folder named `~` would be
+  made or looked for."""
+  if str(workdir).startswith("~"):
+    raise UserError(f"--workdir={workdir} starts with '~', which the shell does not expand"
+                    " after '='; write the path out, e.g."
+                    f" --workdir={Path(workdir).expanduser()}.")
+
+
 def check_is_run_or_new(workdir: str | Path) -> None:
-  """Raises `UserError` if `workdir` is empty text, or a directory that holds files but
-  nothing of a run (a corpus folder, a home directory): training there would adopt it."""
+  """Raises `UserError` if `workdir` is empty text, starts with an unexpanded `~`, or is a
+  directory that holds files but nothing of a run (a corpus folder, a home directory):
+  training there would adopt it."""
   if not str(workdir).strip():
     raise UserError("--workdir is empty; pass the directory of the run, e.g."
                     " --workdir=runs/m30k_transformer.")
+  check_no_tilde(workdir)
   workdir = Path(workdir)
   if workdir.is_dir() and any(workdir.iterdir()) and not any(
       (workdir / entry).exists() for entry in RUN_ENTRIES):
@@ -196,6 +208,7 @@ def read_json(path: Path, fix: str) -> dict:
 
 def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
   """A run's saved config (`<workdir>/config.json`, as `config.from_json` reads it)."""
+  check_no_tilde(workdir)
   return config_lib.from_saved(read_json(Path(workdir) / CONFIG, RUN_CONFIG_FIX))
 
 

@@ -9,6 +9,7 @@ Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}`.
 """
 
 import contextlib
+import ipaddress
 import socket
 import threading
 import time
@@ -72,6 +73,16 @@ class TranslateResponse(BaseModel):
   nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each"
                                                                  " sentence's n best.")
   attention: list[Attention] | None = None
+
+
+def is_loopback(host: str) -> bool:
+  """Whether `host` (`seq2seq-serve --host`, a name or an address) is this machine alone."""
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # Another name: whatever it resolves to may be reachable.
+    return False
 
 
 def _unparsable(error: HTTPException) -> str | None:

@@ -295,5 +295,11 @@ def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], al
   if not workdirs or any(not w.strip() for w in workdirs):
     raise UserError("--workdir lists an empty entry; pass one or more runs, e.g."
                     " --workdir=runs/a,runs/b.")
+  seen: dict[Path, str] = {}
+  for w in workdirs:
+    if Path(w).resolve() in seen:
+      raise UserError(f"--workdir lists one run twice ({seen[Path(w).resolve()]} and {w}); list"
+                      " each run once (--checkpoint picks the same checkpoint of every run).")
+    seen[Path(w).resolve()] = w
   return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords)
           for name, w in zip(run_names(workdirs), workdirs, strict=True)]
