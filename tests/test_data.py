@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 
 from seq2seq.config import base_config
-from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.data import batching, corpus, textio, tokenizer
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
 from tests.helpers import TFDS_EXTRA
@@ -137,6 +137,17 @@ def test_local_directory(tmp_path):
   assert text.src == ["a b", "  spaced  ", "line\u2028sep", "", "last"]
   assert text.tgt == ["x", "y ", "z", "", "w"]
   assert len(text) == 5
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_line(tmp_path):
+  """Editors on Windows start UTF-8 files with a BOM: every text file read drops it, so a
+  reference's first line scores as the text it holds."""
+  _write(tmp_path / "train.en", "\ufeffa b\nc\n".encode())
+  _write(tmp_path / "train.de.gz", "\ufeffx\ny\n".encode())
+  text = corpus.read_split(_data_config(corpus=str(tmp_path)), "train")
+  assert (text.src, text.tgt) == (["a b", "c"], ["x", "y"])
+  (tmp_path / "ref.de").write_bytes("\ufeffEin Hund.\n\ufeffzwei\n".encode())
+  assert textio.read_lines(tmp_path / "ref.de") == ["Ein Hund.", "\ufeffzwei"]  # Only at the start.
 
 
 def test_tensorflow_not_imported_without_tfds():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import ml_collections
 
+from seq2seq.data import textio
 from seq2seq.errors import UserError, describe
 
 SPLITS = ("train", "val", "test")
@@ -111,7 +112,7 @@ def _read_lines(path: Path) -> list[str]:
     kind = "gzip" if path.suffix == ".gz" else "text"
     raise UserError(f"Cannot read {path} ({e}); replace it with a valid {kind} file.") from None
   try:
-    text = data.decode("utf-8")
+    text = data.decode("utf-8").removeprefix(textio.BOM)
   except UnicodeDecodeError as e:
     line = data.count(b"\n", 0, e.start) + 1
     raise UserError(f"{path} line {line} is not valid UTF-8; re-encode the file as"

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from seq2seq.errors import UserError
 
+BOM = "\ufeff"  # A UTF-8 byte order mark, decoded: no character of the text.
+
 
 def as_lines(lines: Sequence[str]) -> str:
   """The text of one line per entry: a newline inside an entry becomes a space."""
@@ -47,7 +49,8 @@ def write_lines(path: str | Path, lines: Sequence[str]) -> None:
 
 
 def read_lines(path: str | Path, flag: str = "") -> list[str]:
-  """A text file's lines, without their newlines; undecodable UTF-8 is a UserError.
+  """A text file's lines, without their newlines or a UTF-8 byte order mark at the start (as
+  editors on Windows write it); undecodable UTF-8 is a UserError.
 
   `flag` (e.g. "--src_file") names where the path came from in error messages.
   """
@@ -60,7 +63,8 @@ def read_lines(path: str | Path, flag: str = "") -> list[str]:
   with open(path, "rb") as f:
     for number, raw in enumerate(f, start=1):
       try:
-        lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        text = raw.decode("utf-8").rstrip("\r\n")
+        lines.append(text.removeprefix(BOM) if number == 1 else text)
       except UnicodeDecodeError as e:
         raise UserError(f"{path} line {number} is not UTF-8 ({e.reason}); convert the file"
                         " to UTF-8.") from None
