@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import math
+import re
 import shutil
 import statistics
 
@@ -204,3 +205,18 @@ def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, 
   assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
       (logging.WARNING, f"{workdir}/metrics.jsonl: its last line was cut off (the run was stopped"
        " while writing it?) and is skipped.")]
+
+
+def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
+  """comparison.md's cells escape `|` (and fold line breaks): a run named a|b is one cell."""
+  from seq2seq.compare import report
+
+  rows = [{"run": "a|b", "bleu_signature": "sig", "test_bleu": 12.345},
+          {"run": "c\nd", "bleu_signature": "sig", "test_bleu": None}]
+  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10)
+  table = [line for line in (tmp_path / "comparison.md").read_text().splitlines()
+           if line.startswith("|")]
+  assert table[2:] == ["| a\\|b | 12.35 |", "| c d | - |"]
+  # Each row splits into as many cells as the header, with the escaped bar kept inside one.
+  cells = [re.split(r"(?<!\\)\|", line)[1:-1] for line in table]
+  assert {len(row) for row in cells} == {2}

@@ -104,6 +104,11 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   runs = _runs(run_dirs, baseline, beam_size, alpha)
   fields = differing_fields([run.config for run in runs])
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
+  named = [ts.name for ts in sets]
+  twice = next((name for name in named if named.count(name) > 1), None)
+  if twice is not None:  # Its columns would hold one set's scores, its p-values the other's.
+    raise UserError(f"--test_set names {twice!r} twice, for different files; give each set its"
+                    " own NAME.")
   texts = _texts(runs, sets)
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)

@@ -77,9 +77,16 @@ def _fmt(value, digits=2) -> str:
   return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _cell(text: str) -> str:
+  """`text` as one markdown table cell: a `|` (a run named a|b) would start another cell, a
+  line break end the row."""
+  return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
 def _markdown(rows: list[dict], columns: list[str]) -> list[str]:
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines = ["| " + " | ".join(map(_cell, columns)) + " |", "|" + "---|" * len(columns)]
   for row in rows:
-    lines.append("| " + " | ".join(_fmt(row[c], 3 if c.endswith("_p") or c.endswith("p_value")
-                                         else 2) for c in columns) + " |")
+    lines.append("| " + " | ".join(
+        _cell(_fmt(row[c], 3 if c.endswith("_p") or c.endswith("p_value") else 2))
+        for c in columns) + " |")
   return lines
