@@ -298,3 +298,31 @@ def test_an_output_that_is_a_link_stays_a_link(tmp_path):
   textio.write_lines(link, ["Ein Hund."])
   assert link.is_symlink() and target.read_text() == "Ein Hund.\n"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de", "real.de"]
+
+
+@pytest.mark.slow  # Starts seq2seq-translate at a terminal: about 15 s.
+def test_ctrl_c_at_the_terminal_says_which_translations_were_printed(run):
+  """Interactive seq2seq-translate answers each line as it comes; stopped after one answer,
+  its last line says that answer was printed, not that no output was written."""
+  import pty
+  import select
+  import signal
+
+  leader, follower = pty.openpty()
+  process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "translate.py"),
+                              f"--workdir={run}", "--checkpoint=latest", "--beam_size=1"],
+                             stdin=follower, stdout=follower, stderr=subprocess.PIPE, env=ENV,
+                             text=True)
+  os.close(follower)
+  os.write(leader, b"A dog runs.\n")
+  seen = b""
+  while seen.count(b"\n") < 2:  # The terminal's echo of the line, then its translation.
+    ready, _, _ = select.select([leader], [], [], 120)
+    assert ready, seen
+    seen += os.read(leader, 4096)
+  process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=60)
+  os.close(leader)
+  assert process.returncode == 130
+  assert stderr.splitlines()[-1] == ("stopped by SIGINT; 1 translation was printed, the line in"
+                                     " progress was not: the same command starts again.")

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_collections
@@ -94,12 +95,12 @@ def _user_error(error: Exception, verbose: bool) -> None:
   sys.exit(2)
 
 
-def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
+def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
   """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2, and so
   does a full disk or a read-only destination (`errors.file_fault`).
 
   SIGINT/SIGTERM print `stopped by <signal>; <interrupted>: the same command starts again.`
-  and exit with status 130.
+  and exit with status 130 (`interrupted`: what was kept, or a function that says it then).
   """
   # orbax and JAX log every save at INFO through absl; keep the console for progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
@@ -122,7 +123,8 @@ def run_main(fn, interrupted: str = "nothing half-written was kept") -> None:
     _user_error(fault, _verbose())
   except (Interrupted, KeyboardInterrupt) as e:
     name = str(e) or "SIGINT"
-    print(f"stopped by {name}; {interrupted}: the same command starts again.", file=sys.stderr)
+    kept = interrupted() if callable(interrupted) else interrupted
+    print(f"stopped by {name}; {kept}: the same command starts again.", file=sys.stderr)
     # Every `finally` has run. Native threads may still be busy (SentencePiece training,
     # XLA), and the interpreter's shutdown can crash under them: leave at once.
     sys.stdout.flush()

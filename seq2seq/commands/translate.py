@@ -41,6 +41,8 @@ def _output_lines(translated: list, first_index: int = 0) -> list[str]:
 def main(argv):
   del argv
 
+  printed = []  # Interactive: the lines answered so far.
+
   def translate():
     given = [f"--{name}" for name in ("temperature", "top_k", "seed") if flags.FLAGS[name].present]
     if given and not _SAMPLE.value:
@@ -65,6 +67,7 @@ def main(argv):
         out = _output_lines(translator.translate([line.rstrip("\r\n")]), index)
         sys.stdout.write(as_lines(out))
         sys.stdout.flush()
+        printed.append(index)
       return
     out = _output_lines(translator.translate(lines))
     if _OUTPUT.value == "-":
@@ -72,4 +75,11 @@ def main(argv):
     else:
       write_lines(_OUTPUT.value, out)
 
-  run_main(translate, interrupted="no output was written")
+  def kept() -> str:
+    if not printed:
+      return "no output was written"
+    n = len(printed)
+    return (f"{n} translation{' was' if n == 1 else 's were'} printed, the line in progress"
+            " was not")
+
+  run_main(translate, interrupted=kept)
