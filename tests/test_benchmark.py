@@ -167,3 +167,22 @@ def test_the_saves_benchmark_times_both_ways_of_saving(tiny_config):
   assert [(r["in_background"], r["saves"]) for r in results] == [(False, 1), (True, 1)]
   for r in results:
     assert 0 < r["stall_seconds"] <= r["write_seconds"] and r["megabytes"] > 0
+
+
+def test_the_side_by_sides_download_folder_is_removed_whatever_happens(tmp_path, monkeypatch):
+  """seq2seq-side-by-side unpacks flax's source into a temporary folder: removed after the
+  comparison, and after a failed download too (it stayed behind, one per run)."""
+  import subprocess
+  import tempfile
+
+  from seq2seq.errors import UserError
+  from seq2seq.performance import side_by_side
+
+  monkeypatch.delenv("FLAX_WMT_DIR", raising=False)
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  monkeypatch.setattr(side_by_side.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+      a, 1, "", "ERROR: No matching distribution found for flax"))
+  with pytest.raises(UserError, match="No matching distribution found for flax"):
+    with side_by_side.anchor_files():
+      pass
+  assert list(tmp_path.iterdir()) == []

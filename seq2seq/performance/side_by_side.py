@@ -14,6 +14,7 @@ unpacked at run time from the source distribution of the installed flax
 repository.
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -55,30 +56,37 @@ class Shapes:
   beam: int = 4
 
 
-def anchor_dir() -> Path:
-  """The folder holding the anchor's files: `$FLAX_WMT_DIR`, or flax's sdist unpacked."""
+@contextlib.contextmanager
+def anchor_files(folder: Path | None = None):
+  """Within: the folder holding the anchor's files: `folder`, `$FLAX_WMT_DIR`, or flax's
+  source distribution unpacked into a temporary folder, removed again on the way out."""
+  if folder is not None:
+    yield folder
+    return
   if os.environ.get("FLAX_WMT_DIR"):
     folder = Path(os.environ["FLAX_WMT_DIR"])
     missing = [name for name in ANCHOR_FILES if not (folder / name).is_file()]
     if missing:
       raise UserError(f"FLAX_WMT_DIR={folder} lacks {', '.join(missing)}; point it at a copy of"
                       " flax's examples/wmt, or unset it to download flax's source.")
-    return folder
+    yield folder
+    return
   version = importlib.metadata.version("flax")
-  folder = Path(tempfile.mkdtemp(prefix="flax_wmt_"))
-  download = subprocess.run(
-      [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-       f"flax=={version}", "-d", str(folder)], capture_output=True, text=True)
-  if download.returncode:
-    reason = (download.stderr.strip().splitlines() or ["pip failed"])[-1]
-    raise UserError(f"Could not download flax=={version}'s source distribution ({reason});"
-                    " set FLAX_WMT_DIR to a"
-                    " folder holding flax's examples/wmt/models.py and decode.py.")
-  with tarfile.open(folder / f"flax-{version}.tar.gz") as tar:
-    for name in ANCHOR_FILES:
-      source = tar.extractfile(f"flax-{version}/examples/wmt/{name}")
-      (folder / name).write_bytes(source.read())
-  return folder
+  with tempfile.TemporaryDirectory(prefix="flax_wmt_") as scratch:
+    folder = Path(scratch)
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+         f"flax=={version}", "-d", str(folder)], capture_output=True, text=True)
+    if download.returncode:
+      reason = (download.stderr.strip().splitlines() or ["pip failed"])[-1]
+      raise UserError(f"Could not download flax=={version}'s source distribution ({reason});"
+                      " set FLAX_WMT_DIR to a"
+                      " folder holding flax's examples/wmt/models.py and decode.py.")
+    with tarfile.open(folder / f"flax-{version}.tar.gz") as tar:
+      for name in ANCHOR_FILES:
+        source = tar.extractfile(f"flax-{version}/examples/wmt/{name}")
+        (folder / name).write_bytes(source.read())
+    yield folder
 
 
 def _import_anchor(folder: Path):
@@ -174,8 +182,9 @@ def compare(rounds: int = 7, shapes: Shapes = Shapes(), folder: Path | None = No
   s = shapes
   batch = random_batch(s.batch, s.length, s.vocab)
   src, tgt, tgt_in = batch["src"], batch["tgt_out"], batch["tgt_in"]
-  sides = {"anchor": anchor_side(folder or anchor_dir(), s, src, tgt),
-           "project": project_side(s, src, tgt, tgt_in)}
+  with anchor_files(folder) as files:  # Imported, the anchor's files are not needed again.
+    sides = {"anchor": anchor_side(files, s, src, tgt),
+             "project": project_side(s, src, tgt, tgt_in)}
   compile_s = {f"{name}_{kind}": round(timed(fn), 1) for name, fns in sides.items()
                for kind, fn in zip(("train", "decode"), fns, strict=True)}
   train_s = {name: [] for name in sides}
