@@ -220,3 +220,20 @@ def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
   # Each row splits into as many cells as the header, with the escaped bar kept inside one.
   cells = [re.split(r"(?<!\\)\|", line)[1:-1] for line in table]
   assert {len(row) for row in cells} == {2}
+
+
+def test_characters_the_font_lacks_are_one_line_per_picture(tmp_path, caplog):
+  """Run names in CJK made matplotlib warn once per character and drawing (24 lines for one
+  comparison); each picture now says it once, and no warning leaks."""
+  import warnings
+
+  from seq2seq.evaluation import plots
+
+  with warnings.catch_warnings(record=True) as leaked, caplog.at_level(logging.WARNING):
+    warnings.simplefilter("always")
+    plots.bleu_chart(["日本語の実行", "run|b"], [10.0, 12.0], [1.0, 1.0], tmp_path / "b.png")
+  assert leaked == []
+  lines = [r.getMessage() for r in caplog.records if "matplotlib's font" in r.getMessage()]
+  assert lines == [f"{tmp_path / 'b.png'}: 6 characters are not in matplotlib's font"
+                   " (日本語の実行) and show as boxes."]
+  assert (tmp_path / "b.png").stat().st_size > 0

@@ -1,5 +1,8 @@
 """Pictures: attention heatmaps, BLEU comparisons and training curves."""
 
+import logging
+import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +14,8 @@ import numpy as np  # noqa: E402
 
 from seq2seq.decoding.alignment import alignment  # noqa: E402
 from seq2seq.errors import UserError  # noqa: E402
+
+log = logging.getLogger("seq2seq")
 
 
 def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
@@ -117,10 +122,27 @@ def image_path(path: str | Path, flag: str) -> Path:
   return path
 
 
+_MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from (?:current )?font")
+
+
 def _save(fig, path: str | Path) -> Path:
-  fig.tight_layout()
+  """Writes `fig` to `path`. Characters matplotlib's font lacks (run names in CJK, say) make
+  it warn once per character and drawing; here they are one line for the picture."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
   plt.close(fig)
+  missing = []
+  for warning in caught:
+    glyph = _MISSING_GLYPH.search(str(warning.message))
+    if glyph is None:
+      warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    elif chr(int(glyph[1])) not in missing:
+      missing.append(chr(int(glyph[1])))
+  if missing:
+    log.warning("%s: %d characters are not in matplotlib's font (%s) and show as boxes.", path,
+                len(missing), "".join(missing[:10]) + ("..." if len(missing) > 10 else ""))
   return path
