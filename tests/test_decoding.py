@@ -186,6 +186,20 @@ def test_one_hypothesis_scores_are_the_models_log_probability_of_the_output(mode
                                rtol=1e-4)
 
 
+def test_a_sample_depends_on_its_sentence_not_its_batch(model):
+  """Each sentence draws with its own key, from the seed and its subwords: sampled alone, or
+  in a batch of 16 at another row and padded longer, it gives the same output."""
+  strategy = search.Sampling(7, temperature=3.0)  # Hot: rows keyed alike would differ.
+  alone, _ = search.generate(model, SRC[1:2], strategy, max_len=8)
+  batch = jnp.pad(jnp.concatenate([SRC] * 5 + [SRC[1:2]])[::-1], ((0, 0), (0, 10)))
+  together, _ = search.generate(model, batch, strategy, max_len=8)
+  assert batch.shape[0] == 16 and together.shape == (16, 1, 8)
+  for row in np.flatnonzero(np.all(np.asarray(batch[:, :6]) == np.asarray(SRC[1]), axis=1)):
+    np.testing.assert_array_equal(together[row], alone[0])
+  other, _ = search.generate(model, SRC[1:2], search.Sampling(8, temperature=3.0), max_len=8)
+  assert not np.array_equal(other, alone)  # The seed still decides.
+
+
 def test_sampling_with_top_k_one_is_greedy(model):
   greedy, _ = search.generate(model, SRC, search.Greedy(), max_len=8)
   sampled, _ = search.generate(model, SRC, search.Sampling(3, temperature=2.0, top_k=1),

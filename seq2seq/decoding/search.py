@@ -284,11 +284,26 @@ class _OneHypothesis:
     """The encoder memory as `search` decodes it: one row per sentence."""
     return memory
 
-  def search(self, step_fn, cache, batch_size: int,
-             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]`."""
-    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, self.pick)
+  def search(self, step_fn, cache, batch_size: int, max_len: int,
+             src_ids: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` (`src_ids`: the
+    sentences, `[batch, src_len]`, for a strategy whose picks depend on them)."""
+    pick = self.picker(batch_size, src_ids)
+    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick)
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
+
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+    """`pick` for a batch of these sentences (the same for any)."""
+    del batch_size, src_ids
+    return self.pick
+
+
+def sentence_fingerprint(ids: jnp.ndarray) -> jnp.ndarray:
+  """A uint32 hash of one sentence's subword ids (`[src_len]`, PAD-padded), the same at any
+  padded length: sum of id_i * 1000003^i, wrapping (PAD is 0, so it adds nothing)."""
+  factors = jnp.full(ids.shape, 1_000_003, jnp.uint32).at[0].set(1)
+  return jnp.sum(ids.astype(jnp.uint32) * jnp.cumprod(factors, dtype=jnp.uint32),
+                 dtype=jnp.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,13 +327,22 @@ class Sampling(_OneHypothesis):
   top_k: int = 0
   alpha: float = 0.0
 
-  def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+    """Draws with one key per sentence, from the seed and the sentence's subwords (without
+    `src_ids`, its row): a sample does not depend on the other sentences of its batch, nor
+    on its row or padding."""
+    rows = (jax.vmap(sentence_fingerprint)(src_ids) if src_ids is not None
+            else jnp.arange(batch_size, dtype=jnp.uint32))
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(self.seed), rows)
+    return functools.partial(self._pick, keys)
+
+  def _pick(self, keys: jnp.ndarray, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
     logits = logits.astype(jnp.float32) / self.temperature
     if self.top_k:
       kth_best = jax.lax.top_k(logits, self.top_k)[0][:, -1:]
       logits = jnp.where(logits < kth_best, -jnp.inf, logits)
-    key = jax.random.fold_in(jax.random.key(self.seed), step)
-    return jax.random.categorical(key, logits, axis=-1)
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+    return jax.vmap(jax.random.categorical)(step_keys, logits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,9 +361,10 @@ class Beam:
     """The encoder memory as `search` decodes it: `beam_size` rows per sentence."""
     return expand_to_beams(memory, self.beam_size)
 
-  def search(self, step_fn, cache, batch_size: int,
-             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  def search(self, step_fn, cache, batch_size: int, max_len: int,
+             src_ids: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
+    del src_ids
     return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
                        alpha=self.alpha, nbest=self.nbest)
 
@@ -364,4 +389,4 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *,
   """
   memory = strategy.prepare(model.encode(src_ids))
   return strategy.search(functools.partial(model.decode_step, memory),
-                         model.init_cache(memory, max_len), src_ids.shape[0], max_len)
+                         model.init_cache(memory, max_len), src_ids.shape[0], max_len, src_ids)
