@@ -132,3 +132,23 @@ def test_general_and_location_scores_match_their_formulas():
   params = location.init(H, D, 10, nnx.Rngs(1))
   expected = jnp.einsum("bhqd,hdl->bhql", q, params.w[...])[..., :6]  # W_a h_t
   np.testing.assert_allclose(location.score(q, k, params), expected, rtol=1e-5)
+
+
+def test_attention_dropout_composes_with_grouped_beams():
+  """Cross-attention groups each sentence's beams over its one copy of the keys and values;
+  with dropout on the weights, the grouped rows drop what the same rows ungrouped (keys and
+  values repeated per beam) drop, and sum the same values."""
+  beams = 3
+  mha = attention.MultiHeadAttention(H * D, H, attention="scaled_dot", dropout_rate=0.5,
+                                     rngs=nnx.Rngs(0))
+  source = jax.random.normal(jax.random.key(1), (2, 6, H * D))
+  queries = jax.random.normal(jax.random.key(2), (2 * beams, 2, H * D))
+  source_ids = jnp.array([[5, 6, 7, 3, 0, 0], [8, 3, 0, 0, 0, 0]])
+  keys, values = mha.project_kv(source)
+  grouped = mha(queries, keys, values, masks.padding_mask(source_ids), rngs=nnx.Rngs(dropout=4))
+  repeat = lambda x: jnp.repeat(x, beams, axis=0)  # noqa: E731
+  ungrouped = mha(queries, repeat(keys), repeat(values),
+                  masks.padding_mask(repeat(source_ids)), rngs=nnx.Rngs(dropout=4))
+  np.testing.assert_allclose(grouped, ungrouped, rtol=1e-5, atol=1e-6)
+  no_dropout = mha(queries, keys, values, masks.padding_mask(source_ids))
+  assert not np.allclose(grouped, no_dropout)  # Dropout did drop something.

@@ -335,10 +335,16 @@ class MultiHeadAttention(nnx.Module):
                                            self.window)
     if groups > 1:
       context, weights = _ungroup_rows(context, groups), _ungroup_rows(weights, groups)
-    # Dropout on the attention weights only changes the weighted sum.
+    # Dropout on the attention weights only changes the weighted sum. Its mask is drawn for
+    # the query rows as they are (so grouped beams drop what they would ungrouped), and the
+    # sum is taken grouped again, over each sentence's one copy of the values.
     if rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout:
       dropped = self.dropout(weights, deterministic=False, rngs=rngs)
+      if groups > 1:
+        dropped = _group_rows(dropped, groups)
       context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
+      if groups > 1:
+        context = _ungroup_rows(context, groups)
     out = self.out(merge_heads(context))
     return (out, weights) if return_weights else out
 
