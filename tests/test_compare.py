@@ -135,16 +135,20 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   hyp_file, json_file = scores.output_files(prefix)
   assert cached.with_suffix(".hyp").read_text() == hyp_file.read_text()
 
+  # A score edited by hand is not that of the hypotheses: evaluated again, and rewritten.
+  cached.write_text(json.dumps({**json.loads(cached.read_text()), "bleu": 42.0}))
+  assert row_scores(compare_val(alpha=0.6), "val") == (fresh["bleu"], fresh["chrf"])
+  assert json.loads(cached.read_text())["bleu"] == fresh["bleu"]
   # Nothing changed: the cached result is shown (marked here so that it can be told apart).
-  cached.write_text(json.dumps({**json.loads(cached.read_text()), "bleu": 99.0}))
-  assert compare_val(alpha=0.6)["val_bleu"] == 99.0
+  cached.write_text(json.dumps({**json.loads(cached.read_text()), "bleu_signature": "marked"}))
+  assert compare_val(alpha=0.6)["bleu_signature"] == "marked"
 
   # scripts/evaluate.py --alpha=0 writes eval/val.best.beam2.*: compare at --alpha=0 decodes
   # anew (and never reads those files), and at 0.6 keeps its own result.
   evaluate_py, _ = evaluate.run_evaluation(workdir, split="val", beam_size=2, alpha=0.0)
   json_file.write_text(json.dumps({**json.loads(json_file.read_text()), "bleu": 77.0}))
   assert row_scores(compare_val(alpha=0.0), "val") == (evaluate_py["bleu"], evaluate_py["chrf"])
-  assert compare_val(alpha=0.6)["val_bleu"] == 99.0
+  assert compare_val(alpha=0.6)["bleu_signature"] == "marked"
   assert len(list((workdir / "eval" / "compare").glob("val.beam2.*.json"))) == 2
 
   # Another checkpoint becomes "best" (the run trained further): evaluated anew.
@@ -154,7 +158,7 @@ def test_a_cached_evaluation_is_shown_only_for_the_settings_it_was_made_with(run
   assert fresh["checkpoint_steps"] == [2]
   assert row_scores(row, "val") == (fresh["bleu"], fresh["chrf"])
   shutil.copytree(run / "checkpoints" / "4", workdir / "checkpoints" / "4")
-  assert compare_val(alpha=0.6)["val_bleu"] == 99.0  # Step 4 again: its result, cached.
+  assert compare_val(alpha=0.6)["bleu_signature"] == "marked"  # Step 4 again: cached.
 
 
 @pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.

@@ -11,6 +11,7 @@ evaluated again; the files seq2seq-evaluate writes
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -19,9 +20,11 @@ import numpy as np
 
 from seq2seq.data.textio import as_lines, read_lines, write_atomically
 from seq2seq.decoding.translator import Translator
-from seq2seq.evaluation.scores import evaluate_split, output_files
+from seq2seq.evaluation.scores import bleu, chrf, evaluate_split, output_files
 from seq2seq.runs import workdirs
 from seq2seq.runs.match import vocab_fingerprint
+
+log = logging.getLogger("seq2seq")
 
 CACHE = workdirs.EVAL / "compare"  # compare's own evaluations, relative to the workdir.
 
@@ -108,9 +111,30 @@ def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
       cached = {}  # Damaged: evaluated again and rewritten below.
     hypotheses = read_lines(hyp_path)
     if (isinstance(cached, dict) and cached.get("key") == key
-        and len(hypotheses) == len(sources)):
-      return {k: v for k, v in cached.items() if k != "key"}, hypotheses
+        and len(hypotheses) == len(sources) and _agree(cached, hyp_path, hypotheses,
+                                                       references)):
+      return {k: v for k, v in cached.items() if k not in ("key", "hyp_sha256")}, hypotheses
   result = evaluate_split(translator, sources, references, prefix)
   # The key last: a kill before this line leaves a result without it, which is not reused.
-  write_atomically(json_path, json.dumps({**result, "key": key}, indent=2) + "\n")
+  write_atomically(json_path, json.dumps({**result, "hyp_sha256": _sha256(hyp_path.read_bytes()),
+                                          "key": key}, indent=2) + "\n")
   return result, read_lines(hyp_path)
+
+
+def _agree(cached: dict, hyp_path: Path, hypotheses: list[str], references: list[str]) -> bool:
+  """Whether a cached evaluation's scores are those of its .hyp, as written: the file is the
+  one scored, and the BLEU and chrF the comparison shows are its own (a file edited by hand
+  is evaluated again)."""
+  if "hyp_sha256" not in cached:
+    reason = "written before cached scores were checked against their hypotheses"
+  elif cached["hyp_sha256"] != _sha256(hyp_path.read_bytes()):
+    reason = "its hypotheses are not the ones scored"
+  else:
+    shown = {"bleu": bleu(hypotheses, references)["bleu"], "chrf": chrf(hypotheses, references)}
+    wrong = [name for name, value in shown.items()
+             if not abs(value - cached.get(name, float("nan"))) <= 1e-6]
+    if not wrong:
+      return True
+    reason = f"its {wrong[0]}, {cached.get(wrong[0])}, is not that of its hypotheses"
+  log.warning("%s: %s; evaluating again.", hyp_path.with_suffix(".json"), reason)
+  return False

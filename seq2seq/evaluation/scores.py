@@ -18,6 +18,11 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   return {"bleu": score.score, "bleu_signature": str(metric.get_signature())}
 
 
+def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """sacreBLEU corpus chrF against one reference per sentence."""
+  return sacrebleu.metrics.CHRF().corpus_score(list(hypotheses), [list(references)]).score
+
+
 def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   """BLEU, case-insensitive BLEU, chrF and TER, each with its sacreBLEU signature."""
   refs = [list(references)]
