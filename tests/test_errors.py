@@ -22,8 +22,7 @@ import pytest
 from absl import flags as absl_flags
 
 from seq2seq.commands import cli
-from seq2seq.compare import comparison, sweep
-from seq2seq.compare.evaluations import TestSet
+from seq2seq.compare import comparison, evaluations, sweep
 from seq2seq.data import corpus, textio, tokenizer
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
@@ -557,7 +556,8 @@ CASES = [
      " workdirs."),
     # compare.py: its --test_set values and the runs it is given.
     ("--test_set named twice", lambda r, t, v: comparison.compare_runs(
-        [r], t / "new", test_sets=[TestSet("t", "a.en", "a.de"), TestSet("t", "b.en", "b.de")]),
+        [r], t / "new", test_sets=[evaluations.TestSet("t", "a.en", "a.de"),
+                                     evaluations.TestSet("t", "b.en", "b.de")]),
      "--test_set names 't' twice, for different files; give each set its own NAME."),
     ("--test_set not NAME=SRC,REF", lambda r, t, v: comparison.parse_test_set("test2017"),
      "--test_set=test2017 is not NAME=SRC,REF; e.g."
