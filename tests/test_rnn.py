@@ -123,12 +123,12 @@ def test_dropout_only_with_rngs(tiny_config):
 
 
 # The fused recurrence (inputs multiplied before the loop, gates side by side, logits after the
-# loop) against the cells as written, on the same parameters: LSTM and GRU, with and without
-# input feeding, scored with the current state (general) and the previous one (concat), one
-# layer and two; the other attentions with -m slow.
+# loop) against the cells as written, on the same parameters. By default two layers of the
+# LSTM scored with the current state (general) and of the GRU with the previous one (concat),
+# both with input feeding; every cell, feeding, attention and depth with -m slow.
 FUSED = [pytest.param(name, cell, feeding, layers, id=f"{cell}-{feeding}-{name}-{layers}",
-                      marks=() if name in ("general", "concat") and layers == 2
-                      or (name, cell, feeding) == ("general", "lstm", True)
+                      marks=() if (cell, feeding, name, layers) in (
+                          ("lstm", True, "general", 2), ("gru", True, "concat", 2))
                       else pytest.mark.slow)
          for cell, feeding in CELLS for name in RNN_VARIANTS for layers in (1, 2)]
 
