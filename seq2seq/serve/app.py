@@ -98,6 +98,28 @@ def _unparsable(error: HTTPException) -> str | None:
   return None
 
 
+def as_openapi_3_0(node):
+  """FastAPI's OpenAPI 3.1 description as 3.0, which the bundled Swagger UI (4.x) renders:
+  `anyOf: [T, {type: null}]` becomes T with `nullable: true`, and a schema's `examples` list
+  its `example`."""
+  if isinstance(node, list):
+    return [as_openapi_3_0(item) for item in node]
+  if not isinstance(node, dict):
+    return node
+  node = {key: as_openapi_3_0(value) for key, value in node.items()}
+  if node.get("openapi", "").startswith("3.1"):
+    node["openapi"] = "3.0.3"
+  kinds = node.get("anyOf")
+  if isinstance(kinds, list) and {"type": "null"} in kinds:
+    rest = [kind for kind in kinds if kind != {"type": "null"}]
+    del node["anyOf"]
+    node.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+    node["nullable"] = True
+  if isinstance(node.get("examples"), list):  # 3.0's `examples` (of a media type) is a map.
+    node["example"] = node.pop("examples")[0]
+  return node
+
+
 def _one_line(error: RequestValidationError) -> str:
   """The first problem pydantic found, as one line naming the field."""
   first = error.errors()[0]
@@ -137,6 +159,14 @@ def create_app(engine: Engine) -> FastAPI:
   app = FastAPI(title="seq2seq", description="Translate with trained runs; see their"
                                              " attention.", docs_url=None, redoc_url=None)
   app.mount("/static", StaticFiles(directory=STATIC), name="static")
+  describe = app.openapi
+
+  def openapi_3_0() -> dict:
+    if app.openapi_schema is None:
+      app.openapi_schema = as_openapi_3_0(describe())
+    return app.openapi_schema
+
+  app.openapi = openapi_3_0
   app.mount("/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
 
   @app.exception_handler(BadRequest)
