@@ -59,6 +59,13 @@ def engine(runs, names):
   engine.close()
 
 
+def test_start_up_says_how_many_programs_each_run_compiles(engine):
+  """seq2seq-serve prints 'Compiling N programs for RUN' before each run's (possibly long)
+  compilation: N is what compile_ahead then reports."""
+  for run in engine.runs.values():
+    assert run.programs() == run.compile_ahead() > 0  # Compiled by the fixture: cached now.
+
+
 @pytest.fixture(scope="module")
 def client(engine):
   with TestClient(create_app(engine)) as client:

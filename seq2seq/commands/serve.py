@@ -112,10 +112,14 @@ def main(argv):
     from seq2seq.serve.app import create_app
     from seq2seq.serve.engine import Engine, Limits, load_runs
 
+    log.info("Loading %d run%s: %s ...", len(_WORKDIR.value),
+             "s" if len(_WORKDIR.value) > 1 else "", ", ".join(_WORKDIR.value))
     runs = load_runs(_WORKDIR.value, _CHECKPOINT.value, beams, _ALPHA.value, _BATCH.value,
                      _MAX_SUBWORDS.value)
-    for run in runs:
+    for i, run in enumerate(runs, start=1):
       start = time.perf_counter()
+      log.info("Compiling %d programs for %s (run %d of %d; a second start reads them from the"
+               " cache) ...", run.programs(), run.name, i, len(runs))
       count = run.compile_ahead()
       log.info("%s: %d programs compiled (or read from the cache) in %.1f s.", run.name, count,
                time.perf_counter() - start)

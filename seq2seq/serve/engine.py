@@ -80,6 +80,11 @@ class ServedRun:
     self.alignments = Alignments(first, self.longest)
     self.tokenizer = first.tokenizer
 
+  def programs(self) -> int:
+    """How many programs `compile_ahead` compiles: each search's and the attention's, one per
+    grid length up to the longest sentence served."""
+    return len(self.alignments.lengths) * (len(self.searches) + 1)
+
   def compile_ahead(self) -> int:
     """Compiles every program the run will answer with; returns their count."""
     return (sum(t.compile_ahead(self.longest) for t in self.searches.values())
