@@ -116,8 +116,9 @@ class Alignments:
                        f" target subwords (compiled: {self.lengths}).")
     padded_src = np.zeros((1, n), np.int32)
     padded_src[0, :len(src_ids)] = src_ids
-    padded_tgt, padded_out = (np.zeros((1, self._target_length(n)), np.int32) for _ in "io")
+    padded_tgt = np.zeros((1, self._target_length(n)), np.int32)
     padded_tgt[0, :len(tgt_in)] = tgt_in
+    padded_out = np.zeros_like(padded_tgt)
     padded_out[0, :len(out)] = out
     weights, log_probs = jax.device_get(self._programs(
         self.translator.params, jnp.asarray(padded_src), jnp.asarray(padded_tgt),

@@ -35,7 +35,7 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
     cache: the model's initial cache for this batch (room for `max_len` steps).
     batch_size: number of sentences.
     max_len: most tokens to produce per sentence (EOS included).
-    pick: `(logits [batch, vocab], step) -> token ids [batch]` (`Greedy.pick`, `Sampling.pick`).
+    pick: `(logits [batch, vocab], step) -> token ids [batch]` (a strategy's `picker`).
 
   Returns:
     `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD; `[batch]`
@@ -277,9 +277,6 @@ class _OneHypothesis:
   nbest: ClassVar[int] = 1
   alpha: float
 
-  def pick(self, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
-    raise NotImplementedError
-
   def prepare(self, memory):
     """The encoder memory as `search` decodes it: one row per sentence."""
     return memory
@@ -293,9 +290,9 @@ class _OneHypothesis:
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
   def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
-    """`pick` for a batch of these sentences (the same for any)."""
-    del batch_size, src_ids
-    return self.pick
+    """`pick(logits [batch, vocab], step) -> token ids [batch]` for a batch of `batch_size`
+    sentences, `src_ids` (`[batch, src_len]`, or None)."""
+    raise NotImplementedError
 
 
 def sentence_fingerprint(ids: jnp.ndarray) -> jnp.ndarray:
@@ -315,6 +312,11 @@ class Greedy(_OneHypothesis):
   def pick(logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:
     del step
     return jnp.argmax(logits, axis=-1)
+
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+    """`pick`, the same for any sentences."""
+    del batch_size, src_ids
+    return self.pick
 
 
 @dataclasses.dataclass(frozen=True)

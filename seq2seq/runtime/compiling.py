@@ -236,23 +236,27 @@ def compiler_options(text: str) -> dict[str, bool | int | float | str]:
 
 
 def check_options(config, fields: tuple[str, ...] = ("train_options", "eval_options")) -> None:
-  """Compiles a trivial program with each config.compile field's options in `fields`: an
-  option XLA does not know, or a value it refuses, is one `UserError` naming the field,
-  before any work (no workdir created, no step taken). Call once the devices are set up."""
-  program = None
+  """Has XLA check each config.compile field's options in `fields` (`_check_options`): an
+  option it does not know, or a value it refuses, is one `UserError` naming the field, before
+  any work (no workdir created, no step taken). Call once the devices are set up."""
   for name in fields:
-    text = config.compile[name]
-    options = compiler_options(text)
-    if not options:
-      continue
-    program = program or jax.jit(lambda x: x + 1).lower(jnp.zeros((), jnp.float32))
-    try:
-      program.compile(compiler_options=options)
-    except jax.errors.JaxRuntimeError as e:
-      reason = str(e).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
-      raise UserError(f"config.compile.{name}={text!r}: XLA refuses it ({reason}); pass options"
-                      " XLA knows, with values of their type, such as"
-                      f" config.compile.{name}=xla_gpu_autotune_level=0.") from None
+    _check_options(name, config.compile[name])
+
+
+@functools.cache  # Once a process per setting: every Translator of a comparison asks.
+def _check_options(name: str, text: str) -> None:
+  """Compiles a trivial program with config.compile.`name`=`text`'s options."""
+  options = compiler_options(text)
+  if not options:
+    return
+  program = jax.jit(lambda x: x + 1).lower(jnp.zeros((), jnp.float32))
+  try:
+    program.compile(compiler_options=options)
+  except jax.errors.JaxRuntimeError as e:
+    reason = str(e).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
+    raise UserError(f"config.compile.{name}={text!r}: XLA refuses it ({reason}); pass options"
+                    " XLA knows, with values of their type, such as"
+                    f" config.compile.{name}=xla_gpu_autotune_level=0.") from None
 
 
 def _compile(key: Hashable, lower: Callable[[], Any], options: dict,

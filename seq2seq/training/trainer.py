@@ -85,6 +85,12 @@ def _with_shardings(abstract, shardings):
                       abstract, shardings)
 
 
+def _stacked(*trees):
+  """Pytrees of one structure (a seed group's members' states) stacked on a new leading
+  axis."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
 def _stack(batches: list[dict]) -> dict:
   """Batches (dicts of equal-shaped arrays) stacked on a new leading axis."""
   return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
@@ -175,14 +181,12 @@ class Trainer:
     # The members one after another inside the program, not vmapped: XLA:CPU (jaxlib 0.10.2)
     # never finished the vmapped initialization of the RNN recipe's group (it waited forever).
     self.init_state = jax.jit(
-        lambda: jax.tree.map(lambda *xs: jnp.stack(xs),
-                             *[init(jax.random.key(seed)) for seed in self.seeds]),
+        lambda: _stacked(*[init(jax.random.key(seed)) for seed in self.seeds]),
         out_shardings=state_sharding)
     self.abstract_state = _with_shardings(jax.eval_shape(self.init_state), state_sharding)
     self._member = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
                            out_shardings=member_sharding)
-    self._stack = jax.jit(lambda *states: jax.tree.map(lambda *xs: jnp.stack(xs), *states),
-                          out_shardings=state_sharding)
+    self._stack = jax.jit(_stacked, out_shardings=state_sharding)
     return state_sharding, member_sharding
 
   def _make_programs(self, state_sharding, member_sharding) -> None:
