@@ -110,7 +110,9 @@ def main(argv):
     import uvicorn  # The [serve] extra: imported once the flags are known to be good.
 
     from seq2seq.serve.app import create_app
-    from seq2seq.serve.engine import Engine, Limits, load_runs
+    from seq2seq.serve.engine import Engine, Limits, check_workdirs, load_runs
+
+    check_workdirs(_WORKDIR.value)  # Before the line below: a bad list prints only its error.
 
     log.info("Loading %d run%s: %s ...", len(_WORKDIR.value),
              "s" if len(_WORKDIR.value) > 1 else "", ", ".join(_WORKDIR.value))

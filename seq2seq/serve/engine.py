@@ -23,7 +23,7 @@ import numpy as np
 from seq2seq.data.special_ids import EOS_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.alignment import Alignments
-from seq2seq.decoding.translator import Hypothesis, Translator
+from seq2seq.decoding.translator import Hypothesis, Translator, check_is_run
 from seq2seq.errors import UserError
 
 log = logging.getLogger("seq2seq")
@@ -292,11 +292,9 @@ class Engine:
             "weights": np.round(weights, 4).tolist(), "log_probs": log_probs}
 
 
-def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
-              batch_size: int, max_subwords: int | None = None) -> list[ServedRun]:
-  """The runs of `--workdir`, each named by its folder (made distinct where two share one)."""
-  from seq2seq.compare.comparison import run_names  # The names the comparison tables use.
-
+def check_workdirs(workdirs: Sequence[str]) -> None:
+  """Refuses, before anything is loaded, a `--workdir` list with an empty entry, one run
+  twice, or a folder that is not a run."""
   if not workdirs or any(not w.strip() for w in workdirs):
     raise UserError("--workdir lists an empty entry; pass one or more runs, e.g."
                     " --workdir=runs/a,runs/b.")
@@ -306,5 +304,14 @@ def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], al
       raise UserError(f"--workdir lists one run twice ({seen[Path(w).resolve()]} and {w}); list"
                       " each run once (--checkpoint picks the same checkpoint of every run).")
     seen[Path(w).resolve()] = w
+    check_is_run(Path(w))
+
+
+def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
+              batch_size: int, max_subwords: int | None = None) -> list[ServedRun]:
+  """The runs of `--workdir`, each named by its folder (made distinct where two share one)."""
+  from seq2seq.compare.comparison import run_names  # The names the comparison tables use.
+
+  check_workdirs(workdirs)
   return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords)
           for name, w in zip(run_names(workdirs), workdirs, strict=True)]
