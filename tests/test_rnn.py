@@ -49,7 +49,7 @@ def test_decode_step_reproduces_teacher_forced_decode(tiny_config, name, cell, i
 @pytest.mark.parametrize("name", [n for n in RNN_VARIANTS if n != "none"])
 def test_alignment_sums_to_one_and_ignores_padding(tiny_config, name):
   model = build_model(rnn_config(tiny_config, attention=name), VOCAB)
-  weights = np.asarray(model.attention_weights(model.encode(SRC), TGT))[0, :, 0]  # [b, t, src]
+  weights = np.asarray(model.attention_weights(SRC, TGT)["cross"])[0, :, 0]  # [b, t, src]
   padded = np.broadcast_to(np.asarray(SRC == 0)[:, None, :], weights.shape)
   assert np.all(weights[padded] == 0.0)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
@@ -59,7 +59,7 @@ def test_bahdanau_scores_with_the_previous_state(tiny_config):
   """Step 1's alignment is scored with the decoder's initial (bridged) state s_0."""
   model = build_model(rnn_config(tiny_config, attention="concat"), VOCAB)
   memory = model.encode(SRC)
-  weights = model.attention_weights(memory, TGT)[0, :, 0]
+  weights = model.attention_weights(SRC, TGT)["cross"][0, :, 0]
   s0 = rnn._hidden(memory.initial[-1])[:, None, None, :]  # [b, 1 head, 1 query, hidden]
   _, expected = attention.attend(attention.SCORES["concat"], s0, memory.keys,
                                  memory.encoded[:, None], memory.src_mask.dense(1),

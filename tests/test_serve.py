@@ -142,6 +142,24 @@ def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, 
     np.testing.assert_allclose(served.sum(-1), 1.0, atol=1e-3)
 
 
+def test_every_attention_kind_has_its_shape_and_the_decoders_is_causal(client, names):
+  """The Transformer's answer holds its encoder self-attention `[L, H, source, source]` and
+  decoder self-attention `[L, H, target, target]` beside the cross-attention
+  `[L, H, target, source]`: rows of weights that sum to 1, none on a later target subword."""
+  body = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
+                                         "attention": True}).json()
+  for found in body["attention"]:
+    s, t = len(found["source"]), len(found["target"])
+    cross, encoder, decoder = (np.asarray(found[k]) for k in ("weights", "encoder", "decoder"))
+    layers, heads = cross.shape[:2]
+    assert cross.shape == (layers, heads, t, s)
+    assert encoder.shape[1:] == (heads, s, s) and decoder.shape == (layers, heads, t, t)
+    for weights in (cross, encoder, decoder):
+      np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-3)
+    assert np.all(np.triu(decoder, k=1) == 0) and np.all(np.diagonal(decoder, axis1=2,
+                                                                      axis2=3) > 0)
+
+
 @pytest.mark.parametrize("body, status, detail", [
     ({"text": []}, 400, "'text' holds no sentence; send at least one."),
     ({"text": ["A dog.", "  "]}, 400, "text[1] is empty; send sentences with words in them."),
@@ -226,13 +244,36 @@ def test_hostile_bodies_are_a_4xx_with_one_line_and_the_server_stays_up(client, 
   assert client.post("/translate", json={"text": ["A dog."], "run": names[0]}).status_code == 200
 
 
+LONG = " ".join(["dog"] * 40)  # 159 characters, more than 31 subwords.
+
+
 def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, names):
-  long = " ".join(["dog"] * 40)  # 159 characters, more than 31 subwords.
-  answer = client.post("/translate", json={"text": [long], "run": names[0]})
+  answer = client.post("/translate", json={"text": [LONG], "run": names[0]})
   assert answer.status_code == 413
-  assert answer.json()["detail"].startswith("text[0] is ")
-  assert answer.json()["detail"].endswith(f"{names[0]} translates up to {MAX_SUBWORDS}"
-                                          " (seq2seq-serve --max_subwords).")
+  assert answer.json()["detail"].startswith("sentence 1 (text[0]) is ")
+  assert f"{names[0]} translates up to {MAX_SUBWORDS}: shorten or split it" in (
+      answer.json()["detail"])
+
+
+def test_a_sentence_over_the_limit_fails_alone_and_the_others_translate(client, names):
+  """Its translation, score and attention are null, `errors` says why on its line (counted
+  from 1), and the others are those they get alone."""
+  alone = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
+                                          "attention": True}).json()
+  body = client.post("/translate", json={"text": [SENTENCES[0], LONG, SENTENCES[1]],
+                                         "run": names[0], "attention": True}).json()
+  assert body["translations"] == [alone["translations"][0], None, alone["translations"][1]]
+  assert body["scores"] == [alone["scores"][0], None, alone["scores"][1]]
+  assert body["attention"] == [alone["attention"][0], None, alone["attention"][1]]
+  assert body["errors"][0] is None and body["errors"][2] is None
+  assert body["errors"][1].startswith("sentence 2 (text[1]) is ")
+  assert "errors" not in alone
+  forced = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
+                                           "target": [VAL[0][1], LONG]})
+  assert forced.status_code == 200, forced.text
+  forced = forced.json()
+  assert forced["translations"] == [VAL[0][1], None]
+  assert forced["errors"][1].startswith("the target of sentence 2 (target[1]) is ")
 
 
 @pytest.mark.parametrize("beam", [1, 3], ids=["greedy", "beam-3"])
@@ -287,8 +328,9 @@ def test_a_target_longer_than_the_compiled_outputs_is_refused(client, names):
   answer = client.post("/translate", json={"text": ["A dog."], "run": names[0],
                                            "target": [long]})
   assert answer.status_code == 413
-  assert answer.json()["detail"].startswith("target[0] is ")
-  assert f"for text[0] {names[0]} scores translations of up to" in answer.json()["detail"]
+  assert answer.json()["detail"].startswith("the target of sentence 1 (target[0]) is ")
+  assert f"for this sentence {names[0]} scores translations of up to" in (
+      answer.json()["detail"])
 
 
 def test_only_loopback_hosts_serve_without_a_warning():

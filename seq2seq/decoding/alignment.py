@@ -1,5 +1,6 @@
 """The attention of a translation: for each output subword, its weights over the source
-subwords (the Transformer's cross-attention per layer and head, the RNN's alignment).
+subwords (the Transformer's cross-attention per layer and head, the RNN's alignment), and
+for the server the Transformer's self-attention of both sides too.
 
 `alignment` computes it op by op for one sentence, for pictures. `Alignments` compiles it
 ahead per source length of the grid, as the searches are, for a server that must never
@@ -50,17 +51,18 @@ def alignment(translator: Translator, text: str):
 
 def _weights(params, src, tgt_in, *, graphdef):
   """`[layers, heads, tgt_len, src_len]` attention of one sentence (`src`, `tgt_in`: [1, n])."""
-  model = nnx.merge(graphdef, params)
-  return model.attention_weights(model.encode(src), tgt_in)[:, 0]
+  return nnx.merge(graphdef, params).attention_weights(src, tgt_in)["cross"][:, 0]
 
 
 def _forced(params, src, tgt_in, out, *, graphdef):
-  """`_weights`, and the log-probability of each subword of `out` (`[1, n]`, `tgt_in` shifted
-  left) after the ones before it, as the searches compute it: `[tgt_len]`."""
+  """Every attention of one sentence (`src`, `tgt_in`: [1, n]) by kind, `[layers, heads,
+  queries, keys]` (`Seq2SeqModel.attention_weights`), and the log-probability of each subword
+  of `out` (`[1, n]`, `tgt_in` shifted left) after the ones before it, as the searches
+  compute it: `[tgt_len]`."""
   model = nnx.merge(graphdef, params)
-  memory = model.encode(src)
-  log_probs = jax.nn.log_softmax(model.decode(memory, tgt_in)[0].astype(jnp.float32))
-  return (model.attention_weights(memory, tgt_in)[:, 0],
+  log_probs = jax.nn.log_softmax(model.decode(model.encode(src), tgt_in)[0].astype(jnp.float32))
+  return ({kind: weights[:, 0] for kind, weights in
+           model.attention_weights(src, tgt_in).items()},
           jnp.take_along_axis(log_probs, out[0][:, None], axis=-1)[:, 0])
 
 
@@ -105,10 +107,13 @@ class Alignments:
     src_len = min(len(src), self.translator.config.model.max_len - 1) + 1
     return max((self._target_length(n) for n in self.lengths if n >= src_len), default=0)
 
-  def __call__(self, src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The `[layers, heads, len(out), len(src) + 1]` weights of output `out` (ids through EOS,
-    as `Hypothesis.ids`) on source `src` (ids without EOS, as `Translator.source_ids`), and
-    the `[len(out)]` log-probability of each subword of `out`."""
+  def __call__(self, src: np.ndarray, out: np.ndarray) -> tuple[dict[str, np.ndarray],
+                                                                 np.ndarray]:
+    """Every attention of output `out` (ids through EOS, as `Hypothesis.ids`) for source `src`
+    (ids without EOS, as `Translator.source_ids`), by kind: `cross` `[layers, heads, len(out),
+    len(src) + 1]`, and where the model has them `encoder` (`[..., len(src) + 1, len(src) +
+    1]`) and `decoder` (`[..., len(out), len(out)]`); and the `[len(out)]` log-probability of
+    each subword of `out`."""
     src_ids, tgt_in = _inputs(src[:self.translator.config.model.max_len - 1], out)
     n = self._length_for(len(src_ids), len(tgt_in))
     if n is None:
@@ -123,5 +128,7 @@ class Alignments:
     weights, log_probs = jax.device_get(self._programs(
         self.translator.params, jnp.asarray(padded_src), jnp.asarray(padded_tgt),
         jnp.asarray(padded_out)))
-    return (np.asarray(weights)[:, :, :len(tgt_in), :len(src_ids)],
-            np.asarray(log_probs)[:len(out)])
+    rows = {"cross": (len(tgt_in), len(src_ids)), "encoder": (len(src_ids), len(src_ids)),
+            "decoder": (len(tgt_in), len(tgt_in))}
+    return ({kind: np.asarray(w)[:, :, :rows[kind][0], :rows[kind][1]]
+             for kind, w in weights.items()}, np.asarray(log_probs)[:len(out)])

@@ -46,8 +46,11 @@ class Seq2SeqModel(Protocol):
              rngs: nnx.Rngs | None = None) -> jnp.ndarray:
     """Teacher-forced: `tgt_in_ids [batch, t]` -> float32 logits `[batch, t, vocab]`."""
 
-  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
-    """Teacher-forced cross-attention weights `[layers, batch, heads, t, src_len]`."""
+  def attention_weights(self, src_ids: jnp.ndarray,
+                        tgt_in_ids: jnp.ndarray) -> dict[str, jnp.ndarray]:
+    """Every attention of a teacher-forced pass, by kind, `[layers, batch, heads, queries,
+    keys]`: at least `cross` (`[layers, batch, heads, t, src_len]`); a family with
+    self-attention adds `encoder` (`[..., src_len, src_len]`) and `decoder` (`[..., t, t]`)."""
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """The decoding state before the first target token, for up to `max_len` tokens."""

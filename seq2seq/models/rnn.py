@@ -362,9 +362,10 @@ class RNN(nnx.Module):
     _refuse_packed(segments, positions)
     return self._teacher_forced(memory, tgt_in_ids, rngs)[0]
 
-  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
-    """`[1 layer, batch, 1 head, t, src_len]` alignment of each target step (for pictures)."""
-    return self._teacher_forced(memory, tgt_in_ids, None)[1][None, :, None]
+  def attention_weights(self, src_ids, tgt_in_ids) -> dict[str, jnp.ndarray]:
+    """`cross`: the `[1 layer, batch, 1 head, t, src_len]` alignment of each target step."""
+    weights = self._teacher_forced(self.encode(src_ids), tgt_in_ids, None)[1]
+    return {"cross": weights[None, :, None]}
 
   def _teacher_forced(self, memory, tgt_in_ids, rngs):
     embedded = self.dropout(self.tgt_embed(tgt_in_ids), deterministic=rngs is None, rngs=rngs)

@@ -112,11 +112,14 @@ class EncoderLayer(nnx.Module):
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
     self.sub = Sublayers(cfg, 2, rngs, dtype)
 
-  def __call__(self, x, mask, rngs=None):
+  def __call__(self, x, mask, rngs=None, *, return_weights=False):
+    """One encoder block: `x`, and its self-attention weights when `return_weights`."""
     h = self.sub.input(0, x)
-    x = self.sub.output(0, x, self.self_attention(h, *self.self_attention.project_kv(h), mask,
-                                                  rngs=rngs), rngs)
-    return self.sub.output(1, x, self.mlp(self.sub.input(1, x), rngs), rngs)
+    attended, weights = self.self_attention(h, *self.self_attention.project_kv(h), mask,
+                                            rngs=rngs, return_weights=True)
+    x = self.sub.output(0, x, attended, rngs)
+    x = self.sub.output(1, x, self.mlp(self.sub.input(1, x), rngs), rngs)
+    return (x, weights) if return_weights else x
 
 
 class DecoderLayer(nnx.Module):
@@ -140,7 +143,7 @@ class DecoderLayer(nnx.Module):
 
     Returns:
       (x, the keys/values self-attention used: the updated cache when stepping),
-      plus the cross-attention weights when `return_weights`.
+      plus the (self-, cross-)attention weights when `return_weights`.
     """
     h = self.sub.input(0, x)
     keys, values = self.self_attention.project_kv(h)
@@ -148,12 +151,16 @@ class DecoderLayer(nnx.Module):
       keys = jax.lax.dynamic_update_slice(cache[0], keys.astype(cache[0].dtype), (0, 0, index, 0))
       values = jax.lax.dynamic_update_slice(cache[1], values.astype(cache[1].dtype),
                                             (0, 0, index, 0))
-    x = self.sub.output(0, x, self.self_attention(h, keys, values, self_mask, rngs=rngs), rngs)
+    attended, self_weights = self.self_attention(h, keys, values, self_mask, rngs=rngs,
+                                                 return_weights=True)
+    x = self.sub.output(0, x, attended, rngs)
     cross, weights = self.cross_attention(self.sub.input(1, x), *cross_kv, cross_mask, rngs=rngs,
                                           return_weights=True)
     x = self.sub.output(1, x, cross, rngs)
     x = self.sub.output(2, x, self.mlp(self.sub.input(2, x), rngs), rngs)
-    return (x, (keys, values), weights) if return_weights else (x, (keys, values))
+    if return_weights:
+      return x, (keys, values), (self_weights, weights)
+    return x, (keys, values)
 
 
 class Transformer(nnx.Module):
@@ -242,15 +249,29 @@ class Transformer(nnx.Module):
       y, _ = layer(y, self_mask, kv, cross_mask, rngs=rngs)
     return self._logits(y)
 
-  def attention_weights(self, memory: Memory, tgt_in_ids: jnp.ndarray) -> jnp.ndarray:
-    """`[layers, batch, heads, t, src_len]` cross-attention weights (for pictures)."""
+  def attention_weights(self, src_ids: jnp.ndarray,
+                        tgt_in_ids: jnp.ndarray) -> dict[str, jnp.ndarray]:
+    """Every attention of one teacher-forced pass (for pictures), by kind, each
+    `[layers, batch, heads, queries, keys]`: `cross` (target on source), `encoder` (source on
+    source) and `decoder` (target on the target so far: causal)."""
+    src_mask = masks.padding_mask(src_ids)
+    x = self._embed(self.src_embed, src_ids, jnp.arange(src_ids.shape[1]), None)
+    encoder = []
+    for layer in self.encoder_layers:
+      x, weights = layer(x, src_mask, return_weights=True)
+      encoder.append(weights)
+    if self.encoder_norm is not None:
+      x = self.encoder_norm(x)
     y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), None)
     self_mask = masks.decoder_self_mask(tgt_in_ids)
-    all_weights = []
-    for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
-      y, _, weights = layer(y, self_mask, kv, memory.src_mask, return_weights=True)
-      all_weights.append(weights)
-    return jnp.stack(all_weights)
+    decoder, cross = [], []
+    for layer in self.decoder_layers:
+      y, _, (self_weights, weights) = layer(y, self_mask, layer.cross_attention.project_kv(x),
+                                            src_mask, return_weights=True)
+      decoder.append(self_weights)
+      cross.append(weights)
+    return {"cross": jnp.stack(cross), "encoder": jnp.stack(encoder),
+            "decoder": jnp.stack(decoder)}
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """An empty cache for decoding up to `max_len` target tokens."""

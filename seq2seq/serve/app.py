@@ -59,7 +59,14 @@ class Attention(BaseModel):
   target: list[str] = Field(description="Target subwords of the best (or given) translation,"
                                         " with </s> where the search reached it.")
   weights: list[list[list[list[float]]]] = Field(
-      description="[layer][head][target][source]; the RNN has one layer and one head.")
+      description="Cross-attention, [layer][head][target][source]; the RNN's alignment has one"
+                  " layer and one head.")
+  encoder: list[list[list[list[float]]]] | None = Field(
+      None, description="Encoder self-attention, [layer][head][source][source] (the"
+                        " Transformer's).")
+  decoder: list[list[list[list[float]]]] | None = Field(
+      None, description="Decoder self-attention, [layer][head][target][target], causal (the"
+                        " Transformer's).")
 
 
 class TranslateResponse(BaseModel):
@@ -67,12 +74,16 @@ class TranslateResponse(BaseModel):
   beam: int | None = Field(None, description="The search's beam (absent with 'target').")
   forced: bool | None = Field(None, description="True when the translations are the request's"
                                                 " 'target', scored rather than searched.")
-  translations: list[str] = Field(description="The best translation of each sentence, in"
-                                              " order (with 'target': the targets given).")
-  scores: list[float] = Field(description="Their length-normalized log-probabilities.")
-  nbest: list[list[Hypothesis]] | None = Field(None, description="With nbest > 1: each"
-                                                                 " sentence's n best.")
-  attention: list[Attention] | None = None
+  translations: list[str | None] = Field(
+      description="The best translation of each sentence, in order (with 'target': the"
+                  " targets given); null for a sentence that failed (see 'errors').")
+  scores: list[float | None] = Field(description="Their length-normalized log-probabilities.")
+  nbest: list[list[Hypothesis] | None] | None = Field(None, description="With nbest > 1: each"
+                                                                        " sentence's n best.")
+  attention: list[Attention | None] | None = None
+  errors: list[str | None] | None = Field(
+      None, description="Present when some sentences failed alone (longer than the run"
+                        " translates): per sentence, why, or null. The others are answered.")
 
 
 def is_loopback(host: str) -> bool:

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2seq.data import tokenizer
 from seq2seq.data.special_ids import EOS_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.alignment import Alignments
 from seq2seq.decoding.translator import Hypothesis, Translator, check_is_run
 from seq2seq.errors import UserError
+from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
 
@@ -79,6 +81,8 @@ class ServedRun:
           self.searches[beam, nbest] = first.with_search(beam, nbest)
     self.alignments = Alignments(first, self.longest)
     self.tokenizer = first.tokenizer
+    # Runs of one vocabulary can be forced to one target and their maps compared cell by cell.
+    self.vocabulary = tokenizer.fingerprint(workdir / workdirs.VOCAB)
 
   def programs(self) -> int:
     """How many programs `compile_ahead` compiles: each search's and the attention's, one per
@@ -96,7 +100,7 @@ class ServedRun:
     return {"name": self.name, "family": m.family, "attention": m.attention,
             "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
             "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
-            "max_subwords": self.longest - 1}
+            "max_subwords": self.longest - 1, "vocabulary": self.vocabulary}
 
 
 @dataclasses.dataclass
@@ -107,6 +111,8 @@ class _Job:
   nbest: int
   attention: bool
   targets: list[str] | None  # Forced decoding: the translations to score, one per line.
+  # Sentences that fail alone (over the run's compiled lengths), by index: why.
+  failed: dict[int, str] = dataclasses.field(default_factory=dict)
   answer: concurrent.futures.Future = dataclasses.field(
       default_factory=concurrent.futures.Future)
 
@@ -169,12 +175,23 @@ class Engine:
     self._check_lines("target", targets)
     run = job.run
     for i, (line, translation) in enumerate(zip(job.lines, targets, strict=True)):
+      if i in job.failed:
+        continue
       length = len(run.tokenizer.encode(translation)) + 1  # With EOS.
       longest = run.alignments.max_output(run.alignments.translator.source_ids(line))
       if length > longest:
-        raise BadRequest(413, f"target[{i}] is {length} subwords long with </s>; for text[{i}]"
-                              f" {run.name} scores translations of up to {longest}.")
+        job.failed[i] = (f"the target of sentence {i + 1} (target[{i}]) is {length} subwords"
+                         f" long with </s>; for this sentence {run.name} scores translations"
+                         f" of up to {longest}: shorten the target.")
+    self._refuse_if_all_failed(job)
     return targets
+
+  @staticmethod
+  def _refuse_if_all_failed(job: _Job) -> None:
+    """A request none of whose sentences can be answered is refused (413), with the first
+    reason; otherwise those that fail are answered alone (`errors`), the others translate."""
+    if len(job.failed) == len(job.lines):
+      raise BadRequest(413, job.failed[min(job.failed)])
 
   def _check(self, text, run, beam, nbest, attention) -> _Job:
     """A request as a job, or `BadRequest` naming the first thing wrong with it."""
@@ -199,12 +216,15 @@ class Engine:
       raise BadRequest(413, f"'text' holds {len(lines)} sentences; send at most"
                             f" {self.limits.max_lines} per request (--max_lines).")
     self._check_lines("text", lines)
+    job = _Job(served, lines, beam, nbest, attention, None)
     for i, line in enumerate(lines):
       length = len(served.tokenizer.encode(line))
       if length >= served.longest:
-        raise BadRequest(413, f"text[{i}] is {length} subwords long; {run} translates up to"
-                              f" {served.longest - 1} (seq2seq-serve --max_subwords).")
-    return _Job(served, lines, beam, nbest, attention, None)
+        job.failed[i] = (f"sentence {i + 1} (text[{i}]) is {length} subwords long; {run}"
+                         f" translates up to {served.longest - 1}: shorten or split it (or"
+                         " start the server with a larger --max_subwords).")
+    self._refuse_if_all_failed(job)
+    return job
 
   def _work(self) -> None:
     """Takes every job waiting, translates each group of one run and search together."""
@@ -232,11 +252,10 @@ class Engine:
   def _answer(self, jobs: list[_Job], translator: Translator) -> None:
     """Translates the jobs' sentences as one list and answers each job with its own."""
     try:
-      hypotheses = translator.hypotheses([line for job in jobs for line in job.lines])
-      start = 0
+      hypotheses = iter(translator.hypotheses([line for job in jobs for i, line in
+                                               enumerate(job.lines) if i not in job.failed]))
       for job in jobs:
-        mine = hypotheses[start:start + len(job.lines)]
-        start += len(job.lines)
+        mine = [None if i in job.failed else next(hypotheses) for i in range(len(job.lines))]
         job.answer.set_result(self._response(job, mine))
     except Exception as e:  # noqa: BLE001 (every waiting request hears of it)
       log.exception("Translating %d requests failed", len(jobs))
@@ -244,28 +263,41 @@ class Engine:
         if not job.answer.done():
           job.answer.set_exception(e)
 
-  def _response(self, job: _Job, hypotheses: list[list[Hypothesis]]) -> dict:
-    """A job's answer: the best translation and score per sentence, the n-best lists where
-    asked, and the attention of the best where asked."""
+  @staticmethod
+  def _with_errors(job: _Job, response: dict) -> dict:
+    """`response`, with each failed sentence's reason in `errors` where any failed."""
+    if job.failed:
+      response["errors"] = [job.failed.get(i) for i in range(len(job.lines))]
+    return response
+
+  def _response(self, job: _Job, hypotheses: list[list[Hypothesis] | None]) -> dict:
+    """A job's answer: the best translation and score per sentence (None where it failed),
+    the n-best lists where asked, and the attention of the best where asked."""
     response = {"run": job.run.name, "beam": job.beam,
-                "translations": [nbest[0].text for nbest in hypotheses],
-                "scores": [nbest[0].score for nbest in hypotheses]}
+                "translations": [nbest and nbest[0].text for nbest in hypotheses],
+                "scores": [nbest and nbest[0].score for nbest in hypotheses]}
     if job.nbest > 1:
-      response["nbest"] = [[{"translation": h.text, "score": h.score} for h in nbest[:job.nbest]]
-                           for nbest in hypotheses]
+      response["nbest"] = [nbest and [{"translation": h.text, "score": h.score}
+                                      for h in nbest[:job.nbest]] for nbest in hypotheses]
     if job.attention:
-      response["attention"] = [self._attention(job.run, line, nbest[0].ids)
+      response["attention"] = [nbest and self._attention(job.run, line, nbest[0].ids)
                                for line, nbest in zip(job.lines, hypotheses, strict=True)]
       for found in response["attention"]:
-        del found["log_probs"]
-    return response
+        if found:
+          del found["log_probs"]
+    return self._with_errors(job, response)
 
   def _answer_forced(self, jobs: list[_Job]) -> None:
     """Scores each job's given translations, with their attention where asked."""
     for job in jobs:
       try:
         run, translations, scores, attention = job.run, [], [], []
-        for line, target in zip(job.lines, job.targets, strict=True):
+        for i, (line, target) in enumerate(zip(job.lines, job.targets, strict=True)):
+          if i in job.failed:
+            translations.append(None)
+            scores.append(None)
+            attention.append(None)
+            continue
           out = np.asarray([*run.tokenizer.encode(target), EOS_ID], np.int32)
           found = self._attention(run, line, out)
           translations.append(target)
@@ -274,8 +306,8 @@ class Engine:
           attention.append(found)
         response = {"run": run.name, "forced": True, "translations": translations,
                     "scores": scores}
-        job.answer.set_result({**response, "attention": attention} if job.attention
-                              else response)
+        job.answer.set_result(self._with_errors(
+            job, {**response, "attention": attention} if job.attention else response))
       except Exception as e:  # noqa: BLE001 (the request hears of it)
         log.exception("Scoring %d given translations failed", len(job.lines))
         job.answer.set_exception(e)
@@ -283,13 +315,19 @@ class Engine:
   @staticmethod
   def _attention(run: ServedRun, line: str, out: np.ndarray) -> dict:
     """The attention of output `out` (ids through EOS) for `line`: subwords on both sides,
-    weights `[layers][heads][target][source]` rounded to 4 decimals, and the log-probability
-    of each output subword (`log_probs`)."""
+    the cross-attention `weights` `[layers][heads][target][source]` and, where the model has
+    them, the `encoder` (`[...][source][source]`) and `decoder` (`[...][target][target]`)
+    self-attention, rounded to 4 decimals; and the log-probability of each output subword
+    (`log_probs`)."""
     src = run.alignments.translator.source_ids(line)
     weights, log_probs = run.alignments(src, out)
     source = np.concatenate([src[:run.longest - 1], [EOS_ID]])
-    return {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(out),
-            "weights": np.round(weights, 4).tolist(), "log_probs": log_probs}
+    found = {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(out),
+             "log_probs": log_probs}
+    for kind, name in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
+      if kind in weights:
+        found[name] = np.round(weights[kind], 4).tolist()
+    return found
 
 
 def check_workdirs(workdirs: Sequence[str]) -> None:
