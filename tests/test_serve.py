@@ -250,9 +250,9 @@ LONG = " ".join(["dog"] * 40)  # 159 characters, more than 31 subwords.
 def test_a_sentence_longer_than_the_compiled_shapes_is_refused(client, runs, names):
   answer = client.post("/translate", json={"text": [LONG], "run": names[0]})
   assert answer.status_code == 413
-  assert answer.json()["detail"].startswith("sentence 1 (text[0]) is ")
-  assert f"{names[0]} translates up to {MAX_SUBWORDS}: shorten or split it" in (
-      answer.json()["detail"])
+  assert answer.json()["detail"].startswith("sentence 1 is ")
+  assert answer.json()["detail"].endswith(f"{names[0]} translates up to {MAX_SUBWORDS}: shorten"
+                                          " or split it.")
 
 
 def test_a_sentence_over_the_limit_fails_alone_and_the_others_translate(client, names):
@@ -266,14 +266,14 @@ def test_a_sentence_over_the_limit_fails_alone_and_the_others_translate(client, 
   assert body["scores"] == [alone["scores"][0], None, alone["scores"][1]]
   assert body["attention"] == [alone["attention"][0], None, alone["attention"][1]]
   assert body["errors"][0] is None and body["errors"][2] is None
-  assert body["errors"][1].startswith("sentence 2 (text[1]) is ")
+  assert body["errors"][1].startswith("sentence 2 is ")
   assert "errors" not in alone
   forced = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
                                            "target": [VAL[0][1], LONG]})
   assert forced.status_code == 200, forced.text
   forced = forced.json()
   assert forced["translations"] == [VAL[0][1], None]
-  assert forced["errors"][1].startswith("the target of sentence 2 (target[1]) is ")
+  assert forced["errors"][1].startswith("the target of sentence 2 is ")
 
 
 @pytest.mark.parametrize("beam", [1, 3], ids=["greedy", "beam-3"])
@@ -328,7 +328,7 @@ def test_a_target_longer_than_the_compiled_outputs_is_refused(client, names):
   answer = client.post("/translate", json={"text": ["A dog."], "run": names[0],
                                            "target": [long]})
   assert answer.status_code == 413
-  assert answer.json()["detail"].startswith("the target of sentence 1 (target[0]) is ")
+  assert answer.json()["detail"].startswith("the target of sentence 1 is ")
   assert f"for this sentence {names[0]} scores translations of up to" in (
       answer.json()["detail"])
 
@@ -398,55 +398,197 @@ def _chromium() -> str | None:
   return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="no browser: apt-get install chromium")
-def test_the_explorer_in_a_browser_shows_the_apis_translation_and_attention(client, runs, names):
+# A 40-word sentence: the explorer must show two runs' maps of it side by side at 1400 px.
+FORTY = ("A man in a blue shirt and a woman in a red dress are standing on a ladder near the"
+         " old house while two small dogs run after a ball on the green grass of the park by"
+         " the river.")
+BROWSER_SUBWORDS = 63  # The session run's longest (config.model.max_len less EOS).
+
+
+@pytest.fixture(scope="module")
+def explorer(runs, names):
+  """The explorer in Debian's chromium at 1400x900, over a server of two runs of one
+  vocabulary that differ (the run at its last checkpoint, its copy at its first), each
+  serving sentences as long as FORTY."""
+  if _chromium() is None:
+    pytest.skip("no browser: apt-get install chromium")
   from playwright.sync_api import sync_playwright
 
-  api = client.post("/translate", json={"text": [SENTENCES[0]], "run": names[0],
-                                        "attention": True}).json()
+  served = [ServedRun(names[0], runs[0], "latest", [1], 0.6, BATCH, BROWSER_SUBWORDS),
+            ServedRun(names[1], runs[1], "2", [1], 0.6, BATCH, BROWSER_SUBWORDS)]
+  for run in served:
+    run.compile_ahead()
+  engine = Engine(served, Limits(max_lines=4, max_chars=400)).start()
+  client = TestClient(create_app(engine))
   with serving_in_background(client.app) as url, sync_playwright() as p:
     browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
-      page = browser.new_page()
-      page.goto(url + "/")
-      page.wait_for_function("document.querySelector('#status').textContent === 'Ready.'")
-      page.fill("#source", SENTENCES[0])
-      page.select_option("#run-a", names[0])
-      page.select_option("#run-b", names[1])
-      page.click("#translate")
-      page.wait_for_selector("#panel-b table.heatmap")
-      for panel in ("#panel-a", "#panel-b"):
-        assert page.inner_text(f"{panel} .translation") == api["translations"][0]
-        rows = page.query_selector_all(f"{panel} table.heatmap tbody tr")
-        assert len(rows) == len(api["attention"][0]["target"])
-        for row in rows:
-          assert len(row.query_selector_all("td")) == len(api["attention"][0]["source"])
-
-      def cells():
-        return page.eval_on_selector_all("#panel-a table.heatmap td",
-                                         "cells => cells.map(c => c.dataset.w)")
-
-      weights = api["attention"][0]["weights"]
-      assert cells() == [f"{w:.4f}" for row in weights[0][0] for w in row]
-      layer = head = 0
-      for picker, count in (("layer", len(weights)), ("head", len(weights[0]))):
-        if count > 1:  # A single layer (or head) has nothing to switch to.
-          before = cells()
-          page.select_option(f"#panel-a select.{picker}", str(count))  # Shown from 1.
-          layer, head = (count - 1, head) if picker == "layer" else (layer, count - 1)
-          assert cells() == [f"{w:.4f}" for row in weights[layer][head] for w in row] != before
-      assert (layer, head) != (0, 0)
-      page.hover("#panel-a table.heatmap tbody tr:first-child th")
-      shaded = page.eval_on_selector_all("#panel-a .source-line span",
-                                         "spans => spans.map(s => s.style.background)")
-      assert all(shaded) and len(shaded) == len(api["attention"][0]["source"])
-      page.goto(url + "/docs")  # The API's page renders the operation, not an error.
-      page.wait_for_selector(".opblock-summary-path", timeout=30_000)
-      paths = page.eval_on_selector_all(".opblock-summary-path",
-                                        "paths => paths.map(p => p.textContent.trim())")
-      assert "/translate" in paths and "Unable to render" not in page.inner_text("body")
+      yield page, url, client
     finally:
       browser.close()
+      engine.close()
+
+
+def _open(page, url, text, *, compare=None, reference=""):
+  """The explorer, fresh, after Translate on `text` with both runs (forced to one target with
+  `compare`: 'reference', 'a' or 'b')."""
+  page.goto(url + "/")
+  page.wait_for_function("document.querySelector('#status').textContent === 'Ready.'")
+  page.fill("#source", text)
+  if compare:
+    page.check("#compare")
+    page.select_option("#target-from", compare)
+    if reference:
+      page.fill("#reference", reference)
+  page.click("#translate")
+  page.wait_for_function("!['Translating…', 'Ready.'].includes(document.querySelector("
+                         "'#status').textContent) && !document.querySelector('#translate')"
+                         ".disabled")
+
+
+def _cells(page, panel):
+  return page.eval_on_selector_all(f"#{panel} table.heatmap td",
+                                   "cells => cells.map(c => Number(c.dataset.w))")
+
+
+def _overflowing(page) -> list[str]:
+  """Every element that scrolls or clips sideways (its content wider than its box)."""
+  return page.evaluate("""() => {
+    const out = [];
+    if (document.documentElement.scrollWidth > window.innerWidth) out.push('the page');
+    for (const e of document.querySelectorAll('body *')) {
+      const style = getComputedStyle(e);
+      if (e.offsetParent === null || style.display === 'inline') continue;
+      if (e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0
+          && !['TH', 'SPAN', 'OPTION', 'SELECT'].includes(e.tagName))
+        out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + e.scrollWidth + '>' +
+                 e.clientWidth);
+    }
+    return out;
+  }""")
+
+
+def test_the_explorer_fits_two_runs_maps_of_a_40_word_sentence_at_1400_px(explorer, names):
+  page, url, client = explorer
+  api = client.post("/translate", json={"text": [FORTY], "run": names[0],
+                                        "attention": True}).json()
+  source = api["attention"][0]["source"]
+  assert len(FORTY.split()) == 40 and len(source) >= 43
+  _open(page, url, FORTY)
+  page.wait_for_selector("#panel-b table.heatmap")
+  for kind in ("cross", "encoder"):
+    page.select_option("#kind", kind)
+    for panel in ("panel-a", "panel-b"):
+      rows = page.query_selector_all(f"#{panel} table.heatmap tbody tr")
+      expected = api["attention"][0]["target" if kind == "cross" else "source"]
+      assert len(rows) == len(expected)
+      assert len(rows[0].query_selector_all("td")) == len(source)
+      assert kind.split()[0] in page.inner_text(f"#{panel} .shows")  # It says what it shows.
+    assert _overflowing(page) == []
+  # Word starts are shown without their mark; the source line wraps instead of clipping.
+  labels = page.eval_on_selector_all("#panel-a table.heatmap thead th",
+                                     "ths => ths.map(t => t.textContent)")
+  assert not any("\u2581" in label for label in labels) and labels[1] == "A"
+  assert page.eval_on_selector("#panel-a .source-line",
+                               "e => e.getClientRects().length && e.offsetHeight > 40")
+
+
+def test_panels_share_the_sentence_layer_head_and_hover(explorer, names):
+  page, url, client = explorer
+  api = [client.post("/translate", json={"text": SENTENCES[:2], "run": name,
+                                         "attention": True}).json() for name in names]
+  _open(page, url, "\n".join(SENTENCES[:2]))
+  page.wait_for_selector("#panel-b table.heatmap")
+  heads = len(api[0]["attention"][0]["weights"][0])
+  assert heads > 1
+  page.select_option("#head", str(heads))  # The last head, shown from 1.
+  page.click("#sentences li:nth-child(2)")
+  assert page.input_value("#head") == str(heads)
+  for i, panel in enumerate(("panel-a", "panel-b")):
+    assert page.inner_text(f"#{panel} .translation") == api[i]["translations"][1]
+    expected = api[i]["attention"][1]["weights"][0][heads - 1]
+    np.testing.assert_allclose(_cells(page, panel), np.ravel(expected), atol=1e-4)
+  page.select_option("#head", "mean")
+  mean = np.mean(api[0]["attention"][1]["weights"][0], axis=0)
+  np.testing.assert_allclose(_cells(page, "panel-a"), np.ravel(mean), atol=1e-4)
+  page.hover("#panel-a table.heatmap tbody tr:first-child th")
+  for panel in ("panel-a", "panel-b"):
+    assert page.eval_on_selector(f"#{panel} table.heatmap tbody tr:first-child",
+                                 "tr => tr.classList.contains('hover')")
+  shaded = page.eval_on_selector_all("#panel-b .source-line span",
+                                     "spans => spans.map(s => s.style.background)")
+  assert all(shaded)
+  # The view is a permalink: the address restores it, translated again.
+  page.goto(page.url)
+  page.wait_for_function("document.querySelector('#status').textContent === 'Done.'")
+  assert page.input_value("#head") == "mean"
+  assert page.eval_on_selector("#sentences li.current", "li => li.textContent") == SENTENCES[1]
+
+
+def test_two_runs_forced_on_one_reference_share_axes_and_their_difference_is_a_minus_b(
+    explorer, names):
+  page, url, client = explorer
+  reference = VAL[1][1]
+  api = [client.post("/translate", json={"text": [SENTENCES[1]], "run": name,
+                                         "target": [reference], "attention": True}).json()
+         for name in names]
+  _open(page, url, SENTENCES[1], compare="reference", reference=reference)
+  page.wait_for_selector("#panel-diff table.heatmap")
+  target = api[0]["attention"][0]["target"]
+  assert api[1]["attention"][0]["target"] == target
+  for panel in ("panel-a", "panel-b"):
+    assert page.inner_text(f"#{panel} .translation") == reference
+    assert len(page.query_selector_all(f"#{panel} table.heatmap tbody tr")) == len(target)
+  a, b = (np.mean(found["attention"][0]["weights"][0], axis=0) for found in api)
+  assert np.abs(a - b).max() > 1e-3  # The two checkpoints attend differently.
+  np.testing.assert_allclose(_cells(page, "panel-diff"), np.ravel(a - b), atol=2e-4)
+  with page.expect_download() as download:
+    page.click("#panel-a button.export[data-format=JSON]")
+  exported = json.loads(open(download.value.path()).read())
+  np.testing.assert_allclose(exported["weights"], a, atol=1e-4)
+  for format in ("PNG", "SVG"):
+    with page.expect_download() as download:
+      page.click(f"#panel-diff button.export[data-format={format}]")
+    assert open(download.value.path(), "rb").read(4) in (b"\x89PNG", b"<svg")
+
+
+def test_the_page_reports_failures_in_its_own_terms(explorer, names):
+  page, url, client = explorer
+  too_long = " ".join(["dog"] * 70)  # Over the runs' 63 subwords.
+  _open(page, url, SENTENCES[0] + "\n" + too_long)
+  page.wait_for_selector("#panel-a table.heatmap")  # The first line translated.
+  assert page.eval_on_selector("#sentences li:nth-child(2)",
+                               "li => li.classList.contains('failed')")
+  page.click("#sentences li:nth-child(2)")
+  assert page.inner_text("#panel-a .error").startswith("Line 2: sentence 2 is ")
+  # Over the page's own limits: refused before sending, counted from 1, with the fix.
+  _open(page, url, "\n".join([SENTENCES[0], "x" * 401]))
+  assert page.inner_text("#status") == ("Line 2 has 401 characters; this server takes at most"
+                                        " 400 per line: shorten it.")
+  assert page.is_hidden("#result")
+  # While a request runs the button is disabled; a server that is gone is said so.
+  page.route("**/translate", lambda route: route.abort())
+  page.fill("#source", SENTENCES[0])
+  page.click("#translate")
+  page.wait_for_function("document.querySelector('#status').className === 'error'")
+  assert "cannot be reached" in page.inner_text("#status")
+  assert page.is_hidden("#result") and not page.is_disabled("#translate")
+  page.unroute("**/translate")
+  page.route("**/translate", lambda route: (page.wait_for_timeout(300), route.continue_()))
+  page.click("#translate")
+  assert page.is_disabled("#translate")
+  page.wait_for_function("document.querySelector('#status').textContent === 'Done.'")
+  page.unroute("**/translate")
+
+
+def test_the_api_page_renders_the_translate_operation(explorer):
+  page, url, _ = explorer
+  page.goto(url + "/docs")  # The API's page renders the operation, not an error.
+  page.wait_for_selector(".opblock-summary-path", timeout=30_000)
+  paths = page.eval_on_selector_all(".opblock-summary-path",
+                                    "paths => paths.map(p => p.textContent.trim())")
+  assert "/translate" in paths and "Unable to render" not in page.inner_text("body")
 
 
 @pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.

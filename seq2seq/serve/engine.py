@@ -180,9 +180,9 @@ class Engine:
       length = len(run.tokenizer.encode(translation)) + 1  # With EOS.
       longest = run.alignments.max_output(run.alignments.translator.source_ids(line))
       if length > longest:
-        job.failed[i] = (f"the target of sentence {i + 1} (target[{i}]) is {length} subwords"
-                         f" long with </s>; for this sentence {run.name} scores translations"
-                         f" of up to {longest}: shorten the target.")
+        job.failed[i] = (f"the target of sentence {i + 1} is {length} subwords long with"
+                         f" </s>; for this sentence {run.name} scores translations of up to"
+                         f" {longest}: shorten the target.")
     self._refuse_if_all_failed(job)
     return targets
 
@@ -220,9 +220,8 @@ class Engine:
     for i, line in enumerate(lines):
       length = len(served.tokenizer.encode(line))
       if length >= served.longest:
-        job.failed[i] = (f"sentence {i + 1} (text[{i}]) is {length} subwords long; {run}"
-                         f" translates up to {served.longest - 1}: shorten or split it (or"
-                         " start the server with a larger --max_subwords).")
+        job.failed[i] = (f"sentence {i + 1} is {length} subwords long; {run} translates up"
+                         f" to {served.longest - 1}: shorten or split it.")
     self._refuse_if_all_failed(job)
     return job
 

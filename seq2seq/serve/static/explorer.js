@@ -1,36 +1,31 @@
-// The attention explorer: translate with one run or two, and read their attention.
-// Everything comes from this server: GET /runs, POST /translate.
+// The attention explorer: translate with one run or two, or force both to one target, and
+// read every attention they have. Everything comes from this server: GET /runs, POST /translate.
+// One state (sentence, attention kind, layer, head, ...) drives both panels and lives in the
+// address bar, so a view is a permalink.
 "use strict";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const runs = {};  // name -> GET /runs' description
-const shown = {};  // panel id -> {info, answer, sentence}
-
-function option(value, text) {
-  const o = document.createElement("option");
-  o.value = value;
-  o.textContent = text;
-  return o;
-}
+let limits = {max_lines: Infinity, max_chars: Infinity};
+let results = null;  // {lines, a: {run, answer}, b: ..., forced, targetFrom}
+const state = {sentence: 0, kind: "cross", layer: 1, head: "mean", rescale: false, zoom: 1};
+const KINDS = {  // kind -> [the answer's field, what the rows are, what the columns are, name]
+  cross: ["weights", "target", "source", "cross-attention (target on source)"],
+  encoder: ["encoder", "source", "source", "encoder self-attention (source on source)"],
+  decoder: ["decoder", "target", "target", "decoder self-attention (target on earlier target)"],
+};
+const SERVER_DOWN = "The server cannot be reached: is seq2seq-serve still running? Start it" +
+  " again, then press Translate.";
 
 function el(tag, attributes = {}, text = "") {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attributes)) e.setAttribute(k, v);
-  if (text) e.textContent = text;
+  if (text !== "") e.textContent = text;
   return e;
 }
 
-async function loadRuns() {
-  const answer = await (await fetch("/runs")).json();
-  const a = $("#run-a"), b = $("#run-b");
-  b.append(option("", "(none)"));
-  for (const run of answer.runs) {
-    runs[run.name] = run;
-    const label = `${run.name}: ${run.family}, ${run.attention}`;
-    a.append(option(run.name, label));
-    b.append(option(run.name, label));
-  }
-  if (answer.runs.length > 1) b.value = answer.runs[1].name;
+function option(value, text) {
+  return el("option", {value}, text);
 }
 
 function setStatus(text, error = false) {
@@ -39,119 +34,590 @@ function setStatus(text, error = false) {
   s.className = error ? "error" : "";
 }
 
-async function translate() {
-  const lines = $("#source").value.split("\n").map((l) => l.trim()).filter((l) => l);
-  if (!lines.length) return setStatus("Type a sentence first.", true);
-  setStatus("Translating…");
-  const panels = [["panel-a", $("#run-a").value], ["panel-b", $("#run-b").value]];
-  const answers = await Promise.all(panels.map(async ([id, run]) => {
-    if (!run) return [id, null, null];
-    const response = await fetch("/translate", {
+// A subword as a reader sees it: "▁" marks a word's start and is not shown; a piece that
+// continues a word begins with "·". Special pieces (</s>, <unk>) stay as they are.
+function piece(p) {
+  if (/^<.+>$/.test(p)) return {text: p, start: true, unk: p === "<unk>"};
+  if (p.startsWith("\u2581")) return {text: p.slice(1) || "\u2423", start: true, unk: false};
+  return {text: "\u00b7" + p, start: false, unk: false};
+}
+
+function label(p) {
+  const {text, unk} = piece(p);
+  return el("span", unk ? {class: "unk", title: "not in the run's vocabulary"} : {}, text);
+}
+
+// ---------------------------------------------------------------------------------------
+// The state in the address bar.
+
+function writeUrl() {
+  const q = new URLSearchParams();
+  q.set("text", $("#source").value);
+  q.set("a", $("#run-a").value);
+  if ($("#run-b").value) q.set("b", $("#run-b").value);
+  if ($("#compare").checked) {
+    q.set("compare", $("#target-from").value);
+    if ($("#target-from").value === "reference") q.set("ref", $("#reference").value);
+  }
+  for (const [k, v] of Object.entries(state)) q.set(k, String(v));
+  history.replaceState(null, "", "#" + q.toString());
+}
+
+function readUrl() {
+  const q = new URLSearchParams(location.hash.slice(1));
+  if (!q.has("text")) return false;
+  $("#source").value = q.get("text");
+  if (q.get("a") in runs) $("#run-a").value = q.get("a");
+  $("#run-b").value = q.get("b") in runs ? q.get("b") : "";
+  $("#compare").checked = q.has("compare");
+  if (q.has("compare")) $("#target-from").value = q.get("compare");
+  $("#reference").value = q.get("ref") || "";
+  state.sentence = Math.max(0, Number(q.get("sentence")) || 0);
+  state.kind = q.get("kind") in KINDS ? q.get("kind") : "cross";
+  state.layer = Math.max(1, Number(q.get("layer")) || 1);
+  state.head = q.get("head") === "mean" || !q.has("head") ? "mean"
+    : Math.max(1, Number(q.get("head")) || 1);
+  state.rescale = q.get("rescale") === "true";
+  state.zoom = Number(q.get("zoom")) || 1;
+  syncControls();
+  return true;
+}
+
+function syncControls() {
+  const comparing = $("#compare").checked;
+  $("#target-from-label").hidden = !comparing;
+  $("#reference-box").hidden = !comparing || $("#target-from").value !== "reference";
+  $("#rescale").checked = state.rescale;
+  $("#zoom").value = String(state.zoom);
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests.
+
+async function loadRuns() {
+  let answer;
+  try {
+    answer = await (await fetch("/runs")).json();
+  } catch (e) {
+    return setStatus(SERVER_DOWN, true);
+  }
+  limits = answer.limits;
+  const a = $("#run-a"), b = $("#run-b");
+  b.append(option("", "(none)"));
+  for (const run of answer.runs) {
+    runs[run.name] = run;
+    const text = `${run.name}: ${run.family}, ${run.attention}`;
+    a.append(option(run.name, text));
+    b.append(option(run.name, text));
+  }
+  if (answer.runs.length > 1) b.value = answer.runs[1].name;
+  $("#limits").textContent = `Limits: ${limits.max_lines} sentences at once, ` +
+    `${limits.max_chars} characters each; ` + answer.runs.map(
+      (r) => `${r.name} translates sentences of up to ${r.max_subwords} subwords`).join(", ") +
+    ".";
+  const restored = readUrl();
+  setStatus("Ready.");
+  if (restored) translate();
+}
+
+async function post(body) {
+  let response;
+  try {
+    response = await fetch("/translate", {
       method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({text: lines, run, attention: true}),
-    });
-    return [id, run, {ok: response.ok, body: await response.json()}];
-  }));
-  let failed = "";
-  for (const [id, run, answer] of answers) {
-    const panel = $("#" + id);
-    panel.hidden = !run;
-    if (!run) continue;
-    if (!answer.ok) {
-      failed = answer.body.detail;
-      panel.replaceChildren(el("p", {class: "error"}, `${run}: ${answer.body.detail}`));
-      continue;
+      body: JSON.stringify(body)});
+  } catch (e) {
+    throw new Error(SERVER_DOWN);
+  }
+  let answer;
+  try {
+    answer = await response.json();
+  } catch (e) {
+    throw new Error(`The server answered ${response.status} without a reason; try again.`);
+  }
+  if (!response.ok) throw new Error(`${body.run}: ${answer.detail}`);
+  return answer;
+}
+
+function lines() {
+  return $("#source").value.split("\n").map((l) => l.trim()).filter((l) => l);
+}
+
+// Why the page will not send the request (in its own terms), or "".
+function refusal(text, a, b, comparing) {
+  if (!text.length) return "Type a sentence first.";
+  if (text.length > limits.max_lines)
+    return `There are ${text.length} lines; this server takes at most ${limits.max_lines}` +
+      ` at once: remove ${text.length - limits.max_lines}.`;
+  const long = text.findIndex((l) => l.length > limits.max_chars);
+  if (long >= 0)
+    return `Line ${long + 1} has ${text[long].length} characters; this server takes at most` +
+      ` ${limits.max_chars} per line: shorten it.`;
+  if (!comparing) return "";
+  if (!b) return "Comparing on one target needs two runs: pick a second one beside the first.";
+  if (runs[a].vocabulary !== runs[b].vocabulary)
+    return `${a} and ${b} have different vocabularies, so one target splits into other` +
+      " subwords for each and their maps cannot be compared cell by cell: untick 'compare on" +
+      " one target' to see each run's own translation.";
+  if ($("#target-from").value === "reference") {
+    const refs = $("#reference").value.split("\n").map((l) => l.trim()).filter((l) => l);
+    if (refs.length !== text.length)
+      return `There are ${text.length} sentences and ${refs.length} references: give one` +
+        " reference per sentence, in order.";
+  }
+  return "";
+}
+
+async function translate() {
+  const text = lines(), a = $("#run-a").value, b = $("#run-b").value;
+  const comparing = $("#compare").checked;
+  const refused = refusal(text, a, b, comparing);
+  if (refused) {
+    clearResults();
+    return setStatus(refused, true);
+  }
+  const button = $("#translate");
+  button.disabled = true;
+  setStatus("Translating…");
+  try {
+    const names = b ? [a, b] : [a];
+    let found;
+    if (comparing) {
+      const from = $("#target-from").value;
+      let targets;
+      if (from === "reference") {
+        targets = $("#reference").value.split("\n").map((l) => l.trim()).filter((l) => l);
+      } else {
+        const own = await post({text, run: from === "a" ? a : b});
+        targets = own.translations.map((t) => t || null);
+      }
+      found = await Promise.all(names.map((run) => forced(text, run, targets)));
+    } else {
+      found = await Promise.all(names.map((run) => post({text, run, attention: true})));
     }
-    shown[id] = {info: runs[run], answer: answer.body, sentence: 0};
-    render(id);
+    results = {lines: text, forced: comparing,
+               panels: found.map((answer, i) => ({run: names[i], answer}))};
+    state.sentence = Math.min(state.sentence, text.length - 1);
+    setStatus("Done.");
+    render();
+  } catch (e) {
+    clearResults();
+    setStatus(e.message, true);
+  } finally {
+    button.disabled = false;
   }
-  setStatus(failed ? "Refused: " + failed : "Done.", Boolean(failed));
 }
 
-function render(id) {
-  const {info, answer} = shown[id];
-  const panel = $("#" + id);
-  panel.replaceChildren();
-  panel.append(el("h2", {}, info.name));
-  panel.append(el("p", {class: "about"},
-    `${info.family}, ${info.attention} attention; checkpoint ${info.checkpoint}` +
-    ` (steps ${info.steps.join(", ")}); beam ${answer.beam}`));
-  const list = el("ol", {class: "translations"});
-  answer.translations.forEach((text, i) => {
-    const item = el("li");
-    item.append(el("span", {class: "translation"}, text), " ",
-                el("span", {class: "score"}, `(${answer.scores[i].toFixed(3)})`));
-    item.addEventListener("click", () => { shown[id].sentence = i; render(id); });
-    if (i === shown[id].sentence) item.classList.add("current");
-    list.append(item);
+// Both runs forced to `targets` (null where there is none to force): the sentences with a
+// target are sent, and the answer is spread back over every line.
+async function forced(text, run, targets) {
+  const sent = text.map((_, i) => i).filter((i) => targets[i]);
+  const missing = (i) => `the target of sentence ${i + 1} is empty: the run that gave it` +
+    " translated it to nothing, so there is nothing to force.";
+  if (!sent.length) throw new Error("Every target is empty: type references instead.");
+  const answer = await post({text: sent.map((i) => text[i]), run, attention: true,
+                             target: sent.map((i) => targets[i])});
+  const spread = (field) => text.map((_, i) => {
+    const k = sent.indexOf(i);
+    return k < 0 ? null : (answer[field] || [])[k] ?? null;
   });
-  panel.append(list);
-  const weights = answer.attention[shown[id].sentence].weights;
-  const pickers = el("div", {class: "pickers"});
-  for (const [name, count] of [["layer", weights.length], ["head", weights[0].length]]) {
-    const label = el("label", {}, name + " ");
-    const select = el("select", {class: name});
-    for (let i = 1; i <= count; i++) select.append(option(String(i), String(i)));
-    if (count === 1) select.disabled = true;
-    select.addEventListener("change", () => heatmap(id));
-    label.append(select);
-    pickers.append(label);
-  }
-  panel.append(pickers, el("div", {class: "source-line"}), el("div", {class: "map"}));
-  heatmap(id);
+  const errors = text.map((_, i) => {
+    const k = sent.indexOf(i);
+    return k < 0 ? missing(i) : (answer.errors || [])[k] ?? null;
+  });
+  return {...answer, translations: spread("translations"), scores: spread("scores"),
+          attention: spread("attention"), errors};
 }
 
-function color(w) {
+function clearResults() {
+  results = null;
+  $("#result").hidden = true;
+  for (const id of ["panel-a", "panel-b", "panel-diff"]) {
+    $("#" + id).hidden = true;
+    $("#" + id).replaceChildren();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// What is shown.
+
+// The matrix a panel shows for the state: {rows, columns, values, about}, or {missing}.
+function matrix(panel) {
+  const attention = panel.answer.attention?.[state.sentence];
+  if (!attention) return {missing: panel.answer.errors?.[state.sentence] || "no attention"};
+  const [field, rows, columns, name] = KINDS[state.kind];
+  const all = attention[field];
+  if (!all) return {missing: `${panel.run} (${runs[panel.run].family}) has no ${name}; its` +
+                             " one attention is the cross-attention."};
+  const layer = Math.min(state.layer, all.length);
+  const heads = all[layer - 1];
+  const head = state.head === "mean" ? "mean" : Math.min(state.head, heads.length);
+  const values = head === "mean"
+    ? heads[0].map((row, r) => row.map((_, c) => heads.reduce((s, h) => s + h[r][c], 0) /
+                                                 heads.length))
+    : heads[head - 1];
+  const about = `${name}, layer ${layer} of ${all.length}, ` +
+    (head === "mean" ? `mean of ${heads.length} heads` : `head ${head} of ${heads.length}`);
+  return {rows: attention[rows], columns: attention[columns], values, about, layer, head,
+          source: attention.source, all};
+}
+
+function rescaled(values) {
+  if (!state.rescale) return values;
+  return values.map((row) => {
+    const most = Math.max(...row.map(Math.abs));
+    return most > 0 ? row.map((v) => v / most) : row;
+  });
+}
+
+function color(w, diverging = false) {
+  if (diverging) {
+    const a = Math.min(1, Math.abs(w)).toFixed(3);
+    return w >= 0 ? `rgba(190, 40, 40, ${a})` : `rgba(25, 80, 190, ${a})`;
+  }
   return `rgba(25, 80, 190, ${Math.min(1, Math.max(0, w)).toFixed(3)})`;
 }
 
-function heatmap(id) {
-  const panel = $("#" + id);
-  const {answer, sentence} = shown[id];
-  const attention = answer.attention[sentence];
-  const layer = Number($("select.layer", panel).value) - 1;  // Shown from 1.
-  const head = Number($("select.head", panel).value) - 1;
-  const w = attention.weights[layer][head];
-  const sourceLine = $(".source-line", panel);
-  sourceLine.replaceChildren(...attention.source.map((s) => el("span", {}, s)));
+function render() {
+  $("#result").hidden = false;
+  renderSentences();
+  renderPickers();
+  $("#panels").style.setProperty("--columns", String(results.panels.length));
+  const shown = results.panels.map((panel, i) => renderPanel(["panel-a", "panel-b"][i], panel,
+                                                             "AB"[i]));
+  $("#panel-b").hidden = results.panels.length < 2;
+  renderDifference(shown);
+  writeUrl();
+}
+
+function renderSentences() {
+  const list = $("#sentences");
+  list.replaceChildren();
+  results.lines.forEach((line, i) => {
+    const item = el("li", {}, line);
+    const failed = results.panels.map((p) => p.answer.errors?.[i]).filter(Boolean);
+    if (failed.length) {
+      item.classList.add("failed");
+      item.title = failed.join(" ");
+    }
+    if (i === state.sentence) item.classList.add("current");
+    item.addEventListener("click", () => { state.sentence = i; render(); });
+    list.append(item);
+  });
+}
+
+function fill(select, values, current) {
+  select.replaceChildren(...values.map(([v, t]) => option(String(v), t)));
+  select.value = String(current);
+  select.disabled = values.length < 2;
+}
+
+function renderPickers() {
+  const found = results.panels.map((p) => p.answer.attention?.[state.sentence]).filter(Boolean);
+  const kinds = Object.keys(KINDS).filter((k) => found.some((a) => a[KINDS[k][0]]));
+  if (!kinds.includes(state.kind)) state.kind = "cross";
+  fill($("#kind"), kinds.map((k) => [k, KINDS[k][3]]), state.kind);
+  const field = KINDS[state.kind][0];
+  const layers = Math.max(1, ...found.filter((a) => a[field]).map((a) => a[field].length));
+  const heads = Math.max(1, ...found.filter((a) => a[field]).map((a) => a[field][0].length));
+  state.layer = Math.min(state.layer, layers);
+  if (state.head !== "mean") state.head = Math.min(state.head, heads);
+  fill($("#layer"), [...Array(layers).keys()].map((i) => [i + 1, String(i + 1)]), state.layer);
+  fill($("#head"), [["mean", "mean of the heads"],
+                    ...[...Array(heads).keys()].map((i) => [i + 1, String(i + 1)])], state.head);
+}
+
+function renderPanel(id, panel, letter) {
+  const section = $("#" + id);
+  section.hidden = false;
+  section.replaceChildren();
+  const info = runs[panel.run], answer = panel.answer, i = state.sentence;
+  section.append(el("h2", {}, results.panels.length > 1 ? `${letter}: ${info.name}`
+                                                         : info.name));
+  section.append(el("p", {class: "about"},
+    `${info.family}, ${info.attention} attention; checkpoint ${info.checkpoint} (steps ` +
+    `${info.steps.join(", ")}); ` + (results.forced ? "forced to the target" :
+                                       `beam ${answer.beam}`)));
+  const translation = answer.translations[i];
+  const line = el("p", {class: "translation-line"});
+  if (translation === null) {
+    line.append(el("span", {class: "error"}, `Line ${i + 1}: ${answer.errors[i]}`));
+  } else {
+    line.append(el("span", {class: "translation"}, translation), " ",
+                el("span", {class: "score"},
+                   `(log-probability per length ${answer.scores[i].toFixed(3)})`));
+  }
+  section.append(line);
+  const shown = matrix(panel);
+  if (shown.missing) {
+    if (translation !== null) section.append(el("p", {class: "note"}, shown.missing));
+    return null;
+  }
+  section.append(el("p", {class: "shows"}, "Shows: " + shown.about));
+  section.append(sourceLine(shown.source));
+  section.append(heatmap(id, shown.rows, shown.columns, rescaled(shown.values), false));
+  section.append(colourBar(false, state.rescale ? 1 : Math.max(...shown.values.flat())));
+  section.append(overview(panel, shown));
+  section.append(exports(panel.run, shown));
+  return shown;
+}
+
+function sourceLine(source) {
+  const line = el("p", {class: "source-line"});
+  source.forEach((p, i) => {
+    const {text, start, unk} = piece(p);
+    if (start && i > 0) line.append(" ");
+    // A lone word-start mark is the space itself (its span stays: spans are the columns).
+    const shown = p === "\u2581" ? "" : start ? text : text.slice(1);
+    const span = el("span", unk ? {class: "unk", title: "not in the run's vocabulary"} : {},
+                    shown);
+    line.append(span);
+  });
+  return line;
+}
+
+// A heatmap that fits its panel: cells sized to the width left by the row labels (times the
+// zoom), column labels written upwards, row labels sticky when a zoom makes it scroll.
+function heatmap(id, rows, columns, values, diverging = false, most = 1) {
+  const wrap = el("div", {class: "map"});
+  const width = $("#panels").clientWidth / (results.panels.length > 1 && id !== "panel-diff"
+                                             ? 2 : 1) - 60;
+  const labelWidth = Math.min(140, 12 + 7 * Math.max(...rows.map((r) => piece(r).text.length)));
+  const fit = Math.floor((width - labelWidth) / columns.length);
+  const cell = Math.max(4, Math.min(26, fit) * state.zoom);
+  const font = Math.max(6, Math.min(12, cell - 2));
   const table = el("table", {class: "heatmap"});
+  table.style.setProperty("--cell", `${cell}px`);
+  table.style.setProperty("--font", `${font}px`);
   const top = el("tr");
-  top.append(el("th"));
-  attention.source.forEach((s) => top.append(el("th", {}, s)));
+  top.append(el("th", {class: "corner"}));
+  columns.forEach((c) => {
+    const th = el("th", {title: c});
+    if (cell >= 7) th.append(label(c));
+    top.append(th);
+  });
   table.append(el("thead"));
   table.tHead.append(top);
   const body = el("tbody");
-  attention.target.forEach((t, row) => {
+  rows.forEach((r, row) => {
     const tr = el("tr");
-    tr.append(el("th", {}, t));
-    w[row].forEach((value) => {
-      const td = el("td", {"data-w": value.toFixed(4), title: value.toFixed(3)});
-      td.style.background = color(value);
+    const th = el("th", {title: r});
+    th.style.maxWidth = `${labelWidth}px`;
+    th.append(label(r));
+    tr.append(th);
+    values[row].forEach((value, column) => {
+      const td = el("td", {"data-w": value.toFixed(4)});
+      td.style.background = color(value / most, diverging);
+      td.addEventListener("mouseenter", () => {
+        $("#readout").textContent = `${$("#" + id + " h2").textContent}: row ` +
+          `${row + 1} "${piece(r).text}", column ${column + 1} "${piece(columns[column]).text}"` +
+          `: ${value.toFixed(4)}` + (state.rescale && !diverging ? " (rescaled)" : "");
+      });
       tr.append(td);
     });
-    tr.addEventListener("mouseenter", () => highlight(panel, w[row]));
-    tr.addEventListener("mouseleave", () => highlight(panel, null));
+    tr.addEventListener("mouseenter", () => hover(row));
+    tr.addEventListener("mouseleave", () => hover(null));
     body.append(tr);
   });
   table.append(body);
-  $(".map", panel).replaceChildren(table);
+  wrap.append(table);
+  return wrap;
 }
 
-// The source subwords that one target subword attends to: shaded by weight, the
-// strongest in bold.
-function highlight(panel, row) {
-  const spans = panel.querySelectorAll(".source-line span");
-  const heads = panel.querySelectorAll("table.heatmap thead th:not(:first-child)");
-  const most = row ? Math.max(...row) : 0;
-  spans.forEach((span, i) => {
-    span.style.background = row ? color(row[i]) : "";
-    span.style.color = row && row[i] > 0.5 ? "#fff" : "";
-  });
-  heads.forEach((th, i) => th.classList.toggle("attended", Boolean(row) && row[i] === most));
+// Hovering row `row` in one panel highlights it in every panel, and shades each panel's
+// source line by that row's weights (cross-attention only: its columns are the source).
+function hover(row) {
+  for (const [i, id] of ["panel-a", "panel-b", "panel-diff"].entries()) {
+    const section = $("#" + id);
+    if (section.hidden) continue;
+    section.querySelectorAll("table.heatmap tbody tr").forEach((tr, r) =>
+      tr.classList.toggle("hover", r === row));
+    const spans = section.querySelectorAll(".source-line span");
+    const panel = results.panels[i];
+    const shown = panel && state.kind === "cross" ? matrix(panel) : null;
+    spans.forEach((span, c) => {
+      const w = row !== null && shown && !shown.missing ? shown.values[row]?.[c] : undefined;
+      span.style.background = w === undefined ? "" : color(w);
+      span.style.color = w > 0.5 ? "#fff" : "";
+    });
+  }
 }
+
+function colourBar(diverging, most) {
+  const bar = el("div", {class: "colour-bar"});
+  const low = diverging ? (-most).toFixed(3) : "0";
+  const scale = el("span", {class: diverging ? "scale diverging" : "scale"});
+  bar.append(el("span", {}, low), scale, el("span", {}, most.toFixed(3)));
+  if (diverging) bar.append(el("span", {class: "about"}, " red: A attends more; blue: B"));
+  return bar;
+}
+
+// Every layer and head of the kind shown, as small maps (bertviz's model view); a click
+// opens one.
+function overview(panel, shown) {
+  const box = el("div", {class: "overview"});
+  const layers = shown.all, heads = layers[0].length;
+  if (layers.length * heads === 1) return box;
+  box.append(el("p", {class: "about"}, "Every layer (rows) and head (columns); click one:"));
+  const grid = el("div", {class: "grid"});
+  grid.style.gridTemplateColumns = `repeat(${heads}, auto)`;
+  layers.forEach((layer, l) => layer.forEach((values, h) => {
+    const canvas = el("canvas", {class: "thumb", title: `layer ${l + 1}, head ${h + 1}`,
+                                 "data-layer": l + 1, "data-head": h + 1});
+    draw(canvas, rescaled(values), Math.max(1, Math.floor(64 / Math.max(values.length,
+                                                                         values[0].length))));
+    if (l + 1 === shown.layer && h + 1 === shown.head) canvas.classList.add("current");
+    canvas.addEventListener("click", () => {
+      state.layer = l + 1;
+      state.head = h + 1;
+      render();
+    });
+    grid.append(canvas);
+  }));
+  box.append(grid);
+  return box;
+}
+
+function draw(canvas, values, cell, diverging = false) {
+  canvas.width = values[0].length * cell;
+  canvas.height = values.length * cell;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff";
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  values.forEach((row, r) => row.forEach((v, c) => {
+    g.fillStyle = color(v, diverging);
+    g.fillRect(c * cell, r * cell, cell, cell);
+  }));
+}
+
+function renderDifference(shown) {
+  const section = $("#panel-diff");
+  section.replaceChildren();
+  section.hidden = !results.forced || shown.length < 2;
+  if (section.hidden) return;
+  const [a, b] = shown;
+  section.append(el("h2", {}, `Difference: ${results.panels[0].run} minus` +
+                              ` ${results.panels[1].run}`));
+  if (!a || !b || a.values.length !== b.values.length ||
+      a.values[0].length !== b.values[0].length) {
+    section.append(el("p", {class: "note"}, "Both runs need this attention for this sentence" +
+                                            " to be compared."));
+    return;
+  }
+  const diff = rescaled(a.values).map((row, r) => row.map((v, c) => v -
+                                                          rescaled(b.values)[r][c]));
+  const most = Math.max(1e-9, ...diff.flat().map(Math.abs));
+  section.append(el("p", {class: "shows"}, `Shows: A: ${a.about}; B: ${b.about}. Cells are` +
+                                           " A - B."));
+  section.append(heatmap("panel-diff", a.rows, a.columns, diff, true, most),
+                 colourBar(true, most));
+  section.append(exports(`${results.panels[0].run}-minus-${results.panels[1].run}`,
+                         {...a, values: diff, about: `${a.about} minus ${b.about}`}, most));
+}
+
+// ---------------------------------------------------------------------------------------
+// Export: the map shown as PNG or SVG, its weights as JSON.
+
+function exports(name, shown, diverging = 0) {
+  const box = el("div", {class: "exports"});
+  const base = (`${name}-${state.kind}-layer${shown.layer}-head${shown.head}` +
+                `-sentence${state.sentence + 1}`).replace(/[^\w.-]+/g, "_");
+  const values = diverging ? shown.values.map((row) => row.map((v) => v / diverging))
+    : rescaled(shown.values);
+  const buttons = {
+    PNG: () => png(shown, values, diverging).then((blob) => save(blob, base + ".png")),
+    SVG: () => save(new Blob([svg(shown, values, diverging)], {type: "image/svg+xml"}),
+                    base + ".svg"),
+    JSON: () => save(new Blob([JSON.stringify({
+      run: name, sentence: state.sentence + 1, kind: state.kind, shows: shown.about,
+      rows: shown.rows, columns: shown.columns, weights: shown.values}, null, 1)],
+      {type: "application/json"}), base + ".json"),
+  };
+  box.append(el("span", {class: "about"}, "Export: "));
+  for (const [format, action] of Object.entries(buttons)) {
+    const button = el("button", {type: "button", class: "export", "data-format": format},
+                      format);
+    button.addEventListener("click", action);
+    box.append(button);
+  }
+  return box;
+}
+
+function save(blob, filename) {
+  const a = el("a", {href: URL.createObjectURL(blob), download: filename});
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
+}
+
+const CELL = 16, LABEL = 110;  // The exported picture's cell and label sizes, in pixels.
+
+function escapeXml(s) {
+  return s.replace(/[<>&"]/g, (c) => ({"<": "&lt;", ">": "&gt;", "&": "&amp;",
+                                       "\"": "&quot;"})[c]);
+}
+
+function svg(shown, values, diverging) {
+  const w = LABEL + CELL * shown.columns.length, h = LABEL + CELL * shown.rows.length + 20;
+  const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}"` +
+                 ` font-family="sans-serif" font-size="11">`,
+                 `<text x="4" y="${h - 6}">${escapeXml(shown.about)}</text>`];
+  shown.columns.forEach((c, i) => parts.push(
+    `<text transform="translate(${LABEL + i * CELL + 12},${LABEL - 4}) rotate(-90)">` +
+    `${escapeXml(piece(c).text)}</text>`));
+  shown.rows.forEach((r, j) => {
+    parts.push(`<text x="${LABEL - 4}" y="${LABEL + j * CELL + 12}" text-anchor="end">` +
+               `${escapeXml(piece(r).text)}</text>`);
+    values[j].forEach((v, i) => parts.push(
+      `<rect x="${LABEL + i * CELL}" y="${LABEL + j * CELL}" width="${CELL}" height="${CELL}"` +
+      ` fill="${color(v, Boolean(diverging))}"><title>${v.toFixed(4)}</title></rect>`));
+  });
+  parts.push("</svg>");
+  return parts.join("\n");
+}
+
+function png(shown, values, diverging) {
+  const canvas = document.createElement("canvas");
+  canvas.width = LABEL + CELL * shown.columns.length;
+  canvas.height = LABEL + CELL * shown.rows.length + 20;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff";
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  g.font = "11px sans-serif";
+  g.fillStyle = "#1d2733";
+  g.fillText(shown.about, 4, canvas.height - 6);
+  g.textAlign = "right";
+  shown.rows.forEach((r, j) => g.fillText(piece(r).text, LABEL - 4, LABEL + j * CELL + 12));
+  shown.columns.forEach((c, i) => {
+    g.save();
+    g.translate(LABEL + i * CELL + 12, LABEL - 4);
+    g.rotate(-Math.PI / 2);
+    g.textAlign = "left";
+    g.fillText(piece(c).text, 0, 0);
+    g.restore();
+  });
+  values.forEach((row, j) => row.forEach((v, i) => {
+    g.fillStyle = color(v, Boolean(diverging));
+    g.fillRect(LABEL + i * CELL, LABEL + j * CELL, CELL, CELL);
+  }));
+  return new Promise((resolve) => canvas.toBlob(resolve, "image/png"));
+}
+
+// ---------------------------------------------------------------------------------------
 
 $("#translate").addEventListener("click", translate);
 $("#source").addEventListener("keydown", (e) => {
-  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate();
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("#translate").disabled) translate();
 });
-loadRuns().then(() => setStatus("Ready."));
+for (const id of ["compare", "target-from"]) {
+  $("#" + id).addEventListener("change", () => { syncControls(); clearResults(); });
+}
+const picked = {kind: (v) => v, layer: Number, head: (v) => (v === "mean" ? v : Number(v))};
+for (const [id, read] of Object.entries(picked)) {
+  $("#" + id).addEventListener("change", (e) => { state[id] = read(e.target.value); render(); });
+}
+$("#rescale").addEventListener("change", (e) => { state.rescale = e.target.checked; render(); });
+$("#zoom").addEventListener("input", (e) => { state.zoom = Number(e.target.value); render(); });
+window.addEventListener("resize", () => { if (results) render(); });
+loadRuns();
