@@ -363,6 +363,12 @@ def to_json(config: ml_collections.ConfigDict) -> str:
   return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
+def copied(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A deep copy of `config` to change (a sweep's point, a seed group's member): the config
+  its saved JSON reads back as, which is what the run it describes will save."""
+  return from_json(to_json(config))
+
+
 # A saved config that lacks a field was trained as with this value of it, where that is not
 # the field's default; a lacking field not listed here computes what its default computes.
 BEFORE_FIELD = {("data", "num_buckets"): 0}

@@ -59,13 +59,19 @@ def test_linear_attention_equals_its_quadratic_formula(causal, chunk):
   np.testing.assert_allclose(context, naive, atol=1e-5)
 
 
+def _band_mask(num_queries: int, num_keys: int, window: int) -> jnp.ndarray:
+  """`[1, 1, q, k]`: query i sees keys i - window .. i + window (local attention's reference)."""
+  offset = jnp.arange(num_keys)[None, :] - jnp.arange(num_queries)[:, None]
+  return (jnp.abs(offset) <= window)[None, None]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [1, 3])
 def test_local_attention_equals_full_attention_with_band_mask(causal, window):
   q, k, v = qkv(6, 6)
   mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
   context, weights = attention.local_attention(q, k, v, mask, window)
-  band = mask.dense(6) & masks.band_mask(6, 6, window)
+  band = mask.dense(6) & _band_mask(6, 6, window)
   full, full_weights = attention.attend(attention.SCORES["scaled_dot"], q, k, v, band)
   np.testing.assert_allclose(context, full, atol=1e-5)
   np.testing.assert_allclose(weights, full_weights, atol=1e-6)

@@ -225,7 +225,7 @@ def test_strategies_are_hashable_values_that_a_jitted_search_closes_over():
               search.Beam(4, 0.6), search.Beam(4, 0.6)}) == 4
   assert (search.Greedy().nbest, search.Sampling(0).nbest, search.Beam(4, 0.6, 3).nbest) \
       == (1, 1, 3)
-  with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam_size=2"):
+  with pytest.raises(ValueError, match="nbest 3 must be between 1 and the beam size, 2"):
     search.Beam(2, 0.6, nbest=3)
 
 

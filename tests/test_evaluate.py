@@ -209,9 +209,9 @@ def test_checkpoints_recording_the_vocabularys_bytes_stay_valid(run, tmp_path, m
   the file's bytes; they still read with their vocabulary, and refuse another one."""
   import hashlib
 
-  from seq2seq.runs import checkpoints
+  from seq2seq.data import tokenizer
 
-  monkeypatch.setattr(checkpoints, "vocab_fingerprint",
+  monkeypatch.setattr(tokenizer, "fingerprint",
                       lambda path: hashlib.sha256(path.read_bytes()).hexdigest()
                       if path.is_file() else None)
   c = config_lib.from_json((run / "config.json").read_text())

@@ -14,6 +14,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -62,7 +63,7 @@ def test_loss_falls_when_overfitting_a_few_pairs(tiny_config):
            "tgt_in": jnp.asarray(np.concatenate([np.full((4, 1), 2), tgt[:, :-1]], 1), jnp.int32),
            "tgt_out": jnp.asarray(tgt, jnp.int32)}
   step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef,
-                                                  optimizer=optimizer, label_smoothing=0.0))
+                                                  optimizer=optimizer, train=_settings(0.0)))
   state = new_train_state(params, optimizer)
   nll = []
   for _ in range(60):
@@ -233,7 +234,7 @@ def test_every_variant_trains_on_tiny(tiny_batches, family, name):
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(c.train)
   step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef,
-                                                  optimizer=optimizer, label_smoothing=0.0))
+                                                  optimizer=optimizer, train=_settings(0.0)))
   state = new_train_state(params, optimizer)
   nll = []
   for i in range(30):
@@ -254,7 +255,7 @@ def test_gradient_accumulation_equals_one_large_batch(tiny_batches):
   results = []
   for k in (1, 4):
     step = jax.jit(lambda s, b, key, k=k: train_step(
-        s, b, key, graphdef=graphdef, optimizer=optimizer, label_smoothing=0.1, accum_steps=k))
+        s, b, key, graphdef=graphdef, optimizer=optimizer, train=_settings(0.1, k)))
     state = new_train_state(params, optimizer)
     for i in range(2):
       state, metrics = step(state, batches[i], jax.random.key(0))
@@ -279,7 +280,7 @@ def test_bfloat16_compute_keeps_float32_parameters(tiny_batches, family, name):
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = make_optimizer(cd.train)
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, optimizer=optimizer,
-                                     label_smoothing=0.1))
+                                     train=_settings(0.1)))
     state, metrics = step(new_train_state(params, optimizer), batches[0], jax.random.key(0))
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
     assert {x.dtype for x in jax.tree.leaves(state.opt_state) if x.ndim} == {jnp.dtype("float32")}
@@ -467,3 +468,52 @@ def test_a_vocabulary_left_by_a_stopped_first_start_is_trained_again(run, tmp_pa
   tiny_config.eval.every_steps = 1
   loop.train_and_evaluate(tiny_config, workdir)
   assert tokenizer.Tokenizer.load(workdir / "vocab" / "spm.model").vocab_size == 300
+
+
+def _settings(label_smoothing: float, grad_accum_steps: int = 1) -> ml_collections.ConfigDict:
+  """The config.train fields `train_step` reads."""
+  return ml_collections.ConfigDict({"label_smoothing": label_smoothing,
+                                    "grad_accum_steps": grad_accum_steps})
+
+
+@pytest.mark.slow  # Three tiny runs: over ~7 s.
+def test_a_loss_term_added_in_steps_trains_and_is_logged_per_token(tmp_path, tiny_config,
+                                                                   monkeypatch):
+  """docs/extending.md, "A loss term": an L2 penalty returned by `steps.extra_terms`, with its
+  config field, is part of the objective and logged under its name, with no other edit. At
+  weight 0 the run is the plain run's."""
+  from seq2seq import config as config_lib
+  from seq2seq.training import steps
+
+  base_config = config_lib.base_config
+
+  def with_l2_field():  # The field as config.py would declare it.
+    c = base_config()
+    c.train.l2 = 0.0
+    return c
+
+  def l2_penalty(params, tokens, train):
+    squares = sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(params))
+    return {"l2": train.l2 * tokens * squares}  # Summed over tokens, as the loss is.
+
+  tiny_config.train.num_steps, tiny_config.eval.every_steps = 2, 2
+  tiny_config.train.log_every_steps = 1
+  loop.train_and_evaluate(tiny_config, tmp_path / "plain")  # Without the field or term.
+  monkeypatch.setattr(config_lib, "base_config", with_l2_field)
+  monkeypatch.setattr(steps, "extra_terms", l2_penalty)
+  records = {}
+  for weight in (0.0, 1e-2):
+    config = copy.deepcopy(tiny_config)
+    with config.unlocked():
+      config.train.l2 = weight  # The term's config field.
+    loop.train_and_evaluate(config, tmp_path / str(weight))
+    records[weight] = [r for r in read_metrics(tmp_path / str(weight)) if r["split"] == "train"]
+  plain = [r for r in read_metrics(tmp_path / "plain") if r["split"] == "train"]
+  # A zero term changes nothing but XLA's fusion of the gradient: the last bits may round
+  # differently.
+  np.testing.assert_allclose([r["loss"] for r in records[0.0]], [r["loss"] for r in plain],
+                             rtol=1e-6)
+  assert [r["l2"] for r in records[0.0]] == [0.0, 0.0] and "l2" not in plain[0]
+  penalized = records[1e-2]
+  assert penalized[0]["loss"] == plain[0]["loss"]  # Step 1: the initial parameters.
+  assert penalized[0]["l2"] > 0 and penalized[1]["loss"] != plain[1]["loss"]

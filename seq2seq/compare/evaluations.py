@@ -18,11 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from seq2seq.data import tokenizer
 from seq2seq.data.textio import as_lines, read_lines, write_atomically
 from seq2seq.decoding.translator import Translator
 from seq2seq.evaluation.scores import bleu, chrf, evaluate_split, output_files
 from seq2seq.runs import workdirs
-from seq2seq.runs.match import vocab_fingerprint
 
 log = logging.getLogger("seq2seq")
 
@@ -78,7 +78,7 @@ def evaluation_key(translator: Translator, sources: Sequence[str],
       "max_decode_len_b": config.eval.max_decode_len_b,
       "model.max_len": config.model.max_len, "data.bucket_step": config.data.bucket_step,
       "config_sha256": _sha256((workdir / workdirs.CONFIG).read_bytes()),
-      "vocab_sha256": vocab_fingerprint(workdir / workdirs.VOCAB),
+      "vocab_sha256": tokenizer.fingerprint(workdir / workdirs.VOCAB),
       "sentences": len(sources),
       "src_sha256": _sha256(as_lines(sources).encode("utf-8")),
       "ref_sha256": _sha256(as_lines(references).encode("utf-8")),

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -55,7 +56,7 @@ def expand(config: ml_collections.ConfigDict,
   sweeps = [parse_sweep(spec, config) for spec in specs]
   runs = []
   for values in itertools.product(*(vals for _, vals in sweeps)):
-    run = config_lib.from_json(config_lib.to_json(config))
+    run = config_lib.copied(config)
     parts = []
     for (key, _), value in zip(sweeps, values, strict=True):
       section, field = key.split(".")
@@ -92,7 +93,7 @@ def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], latest: dict
   name); each other run alone."""
   points = {}
   for name, run in todo:
-    point = config_lib.from_json(config_lib.to_json(run))
+    point = config_lib.copied(run)
     point.train.seed = 0
     points.setdefault(config_lib.to_json(point), []).append((name, run))
   groups = []
@@ -112,6 +113,13 @@ def _latest_step(workdir: Path, config: ml_collections.ConfigDict) -> int | None
     return checkpoints.latest_step()
   finally:
     checkpoints.close()
+
+
+class _Task(NamedTuple):
+  """One program of a sweep: a run, or a seed group's runs."""
+  config_json: str  # The config of its first run (its members differ in train.seed alone).
+  workdirs: dict[int, str]  # Seed -> workdir.
+  names: dict[int, str]  # Seed -> run name.
 
 
 def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | Path,
@@ -143,17 +151,17 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
            "; seeds as one program: " + "; ".join(" + ".join(name for name, _ in group)
                                                   for group in together)
            if together else "; seeds one by one (--one_by_one)" if one_by_one else "")
-  tasks = [(config_lib.to_json(group[0][1]),
-            {run.train.seed: str(root / name) for name, run in group},
-            {run.train.seed: name for name, run in group}) for group in groups]
+  tasks = [_Task(config_lib.to_json(group[0][1]),
+                 {run.train.seed: str(root / name) for name, run in group},
+                 {run.train.seed: name for name, run in group}) for group in groups]
   # A run stopped by SIGTERM/SIGINT (it saved a checkpoint) stops the sweep: running the same
   # command again resumes it. Runs that did not start say so.
   if parallel <= 1:
     for task in tasks:
       try:
-        status.trained(task[2], _train(*task[:2]))
+        status.trained(task.names, _train(task.config_json, task.workdirs))
       except Exception as e:  # noqa: BLE001 (one failure must not stop the sweep)
-        status.failed(task[2], e)
+        status.failed(task.names, e)
       if status.stopped:
         break
   else:
@@ -189,7 +197,7 @@ class _Status(dict):
         self.record(name, f"failed: {type(error).__name__}: {error}")
 
 
-def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
+def _train_in_pool(tasks: list[_Task], parallel: int, status: _Status) -> None:
   """`tasks` trained `parallel` at a time, each in a process of its own, with its share of
   each device's memory (`process.start_worker`)."""
   context = multiprocessing.get_context("spawn")  # JAX does not survive fork.
@@ -197,7 +205,8 @@ def _train_in_pool(tasks: list, parallel: int, status: _Status) -> None:
   with concurrent.futures.ProcessPoolExecutor(parallel, mp_context=context,
                                               initializer=process.start_worker,
                                               initargs=(parallel,)) as pool:
-    futures = {pool.submit(_train, *task[:2]): task[2] for task in tasks}
+    futures = {pool.submit(_train, task.config_json, task.workdirs): task.names
+               for task in tasks}
     try:
       _collect(futures, status, pool)
     except (signals.Interrupted, KeyboardInterrupt) as e:

@@ -257,8 +257,8 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     hypotheses come first, best first; unfinished ones (cut at max_len) only
     fill the list when fewer than `nbest` finished.
   """
-  if not 1 <= nbest <= beam_size:
-    raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}.")
+  if (problem := nbest_problem(nbest, beam_size)) is not None:
+    raise ValueError(problem)
   state = BeamState.initial(cache, batch_size, beam_size, max_len)
   body = functools.partial(_beam_step, step_fn, alpha)
   resizable = hasattr(cache, "resized")
@@ -347,6 +347,14 @@ class Sampling(_OneHypothesis):
     return jax.vmap(jax.random.categorical)(step_keys, logits)
 
 
+def nbest_problem(nbest: int, beam_size: int) -> str | None:
+  """Why a beam of `beam_size` cannot return `nbest` hypotheses per sentence, or None: the
+  one check of it, which the searches, the commands and the server phrase their way."""
+  if not 1 <= nbest <= beam_size:
+    return f"nbest {nbest} must be between 1 and the beam size, {beam_size}."
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Beam:
   """`beam_search` with `beam_size` live hypotheses per sentence, length-penalty exponent
@@ -356,8 +364,8 @@ class Beam:
   nbest: int = 1
 
   def __post_init__(self):
-    if not 1 <= self.nbest <= self.beam_size:
-      raise ValueError(f"nbest={self.nbest} must be between 1 and beam_size={self.beam_size}.")
+    if (problem := nbest_problem(self.nbest, self.beam_size)) is not None:
+      raise ValueError(problem)
 
   def prepare(self, memory):
     """The encoder memory as `search` decodes it: `beam_size` rows per sentence."""

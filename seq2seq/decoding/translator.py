@@ -99,10 +99,13 @@ def grid_sources(config, rows: int, longest: int | None = None) -> list[jax.Shap
   return [jax.ShapeDtypeStruct((rows, n), np.int32) for n in lengths]
 
 
-def check_search(beam_size: int, alpha: float, batch_size: int | None = None) -> None:
+def check_search(beam_size: int, alpha: float, batch_size: int | None = None,
+                 nbest: int = 1) -> None:
   """Raises `UserError` for search settings out of range, named as the flags give them."""
   if beam_size < 1:
     raise UserError(f"--beam_size={beam_size} must be at least 1 (1: greedy search).")
+  if search.nbest_problem(nbest, beam_size) is not None:
+    raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
   if not 0 <= alpha < math.inf:  # NaN fails this too.
     raise UserError(f"--alpha={alpha} must be a number, not negative (0: no length penalty;"
                     " 0.6 is usual).")
@@ -226,9 +229,7 @@ class Translator:
                ensemble: Sequence[str | Path] = ()):
     workdir = Path(workdir)
     check_is_run(workdir)
-    check_search(beam_size, alpha, batch_size)
-    if not 1 <= nbest <= beam_size:
-      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    check_search(beam_size, alpha, batch_size, nbest)
     if sample_seed is not None and (nbest > 1 or not 0 < temperature < math.inf or top_k < 0):
       raise UserError("Sampling takes --nbest=1, --temperature > 0 and --top_k >= 0"
                       f" (got {nbest}, {temperature}, {top_k}).")
@@ -361,9 +362,7 @@ class Translator:
   def with_search(self, beam_size: int, nbest: int = 1) -> "Translator":
     """This translator with another beam and n-best: the same parameters and vocabulary (not
     copied), its own search, compiled per source shape as this one's."""
-    check_search(beam_size, self.alpha)
-    if not 1 <= nbest <= beam_size:
-      raise UserError(f"--nbest={nbest} must be between 1 and --beam_size={beam_size}.")
+    check_search(beam_size, self.alpha, nbest=nbest)
     other = copy.copy(self)
     other.beam_size, other.nbest = beam_size, nbest
     other.strategy = search_strategy(beam_size, self.alpha, nbest)

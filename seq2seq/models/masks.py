@@ -70,9 +70,3 @@ def cross_mask(src_mask: Mask, tgt_segments: jnp.ndarray | None = None) -> Mask:
 def cache_mask(index: jnp.ndarray, cache_len: int) -> Mask:
   """One decoding step at position `index` over a cache: slots 0..index are filled."""
   return Mask((jnp.arange(cache_len) <= index)[None, :], jnp.asarray(index, jnp.int32))
-
-
-def band_mask(num_queries: int, num_keys: int, window: int) -> jnp.ndarray:
-  """`[1, 1, q, k]`: query i sees keys i - window .. i + window (local attention's reference)."""
-  offset = jnp.arange(num_keys)[None, :] - jnp.arange(num_queries)[:, None]
-  return (jnp.abs(offset) <= window)[None, None]

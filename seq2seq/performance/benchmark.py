@@ -93,8 +93,7 @@ def _train_setup(layers, dim, heads, mlp, vocab, batch, length, dtype):
   c.train.dtype = dtype
   graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
   optimizer = train_state.make_optimizer(c.train)
-  step = functools.partial(train_step, graphdef=graphdef, optimizer=optimizer,
-                           label_smoothing=0.1)
+  step = functools.partial(train_step, graphdef=graphdef, optimizer=optimizer, train=c.train)
   state = train_state.new_train_state(params, optimizer)
   return c, step, state, random_batch(batch, length, vocab), jax.random.key(0)
 

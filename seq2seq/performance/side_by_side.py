@@ -160,7 +160,7 @@ def project_side(s: Shapes, src, tgt, tgt_in):
   graphdef, params = nnx.split(build_model(c, s.vocab), nnx.Param)
   optimizer = make_optimizer(c.train)
   train = jax.jit(functools.partial(steps.train_step, graphdef=graphdef, optimizer=optimizer,
-                                    label_smoothing=0.1), donate_argnums=0)
+                                    train=c.train), donate_argnums=0)
   batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt}
   model = build_model(c, s.vocab)
   model.eval()

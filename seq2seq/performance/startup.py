@@ -249,8 +249,7 @@ def recurrence_benchmark(config: ml_collections.ConfigDict, steps: int = 8,
     versions = {
         impl: jax.jit(functools.partial(
             train_steps.train_step, graphdef=graphdef, optimizer=trainer.optimizer,
-            label_smoothing=config.train.label_smoothing,
-            accum_steps=config.train.grad_accum_steps))
+            train=config.train))
         for impl, graphdef in (("ours", trainer.graphdef), ("stepwise", reference))}
 
     def run(step_fn):

@@ -23,10 +23,10 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from seq2seq.data import tokenizer
 from seq2seq.errors import UserError, describe
 from seq2seq.runs import match, workdirs
 from seq2seq.runs.full_disk import full_disk_is_user_error
-from seq2seq.runs.match import vocab_fingerprint
 from seq2seq.runs.orbax_logs import ignore_abandoned_orbax_work, quiet
 
 BEST_METRIC = "bleu"
@@ -122,7 +122,7 @@ class Checkpoints:
         named); the earlier checkpoints are untouched, and the same command resumes.
     """
     self._finish()  # A save still writing fails here, under its own step.
-    fingerprint = vocab_fingerprint(self.directory.parent / workdirs.VOCAB)
+    fingerprint = tokenizer.fingerprint(self.directory.parent / workdirs.VOCAB)
     self._unfinished = step
     with self._full_disk_is_user_error():
       self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,

@@ -56,7 +56,7 @@ def check_vocab(path: Path, step: int, recorded: str | None) -> None:
   fingerprint the checkpoint at `step` recorded (None: it recorded none, nothing to check)."""
   if recorded is None:
     return  # A checkpoint without a fingerprint in its metadata: nothing to compare.
-  found = vocab_fingerprint(path)
+  found = tokenizer.fingerprint(path)
   if found is None:
     raise UserError(f"{path} is missing: the checkpoint at step {step} only works with the"
                     " vocabulary it was trained with; put it back from a copy of the run.")
@@ -122,12 +122,6 @@ def _vocab_size(path: Path) -> int | None:
     return None
   import sentencepiece as spm
   return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
-
-
-def vocab_fingerprint(path: Path) -> str | None:
-  """The fingerprint of a SentencePiece model's content (`tokenizer.fingerprint`; None if
-  there is none): a vocabulary trained again from the same text and seed has the same one."""
-  return tokenizer.fingerprint(path)
 
 
 def _bytes_sha256(path: Path) -> str:

@@ -207,8 +207,8 @@ class Engine:
     if beam not in served.beams:
       raise BadRequest(400, f"beam {beam} is not served for {run}; use one of"
                             f" {', '.join(map(str, served.beams))} (seq2seq-serve --beams).")
-    if not 1 <= nbest <= beam:
-      raise BadRequest(400, f"nbest {nbest} must be between 1 and the beam, {beam}.")
+    if (problem := search.nbest_problem(nbest, beam)) is not None:
+      raise BadRequest(400, problem)
     lines = [text] if isinstance(text, str) else list(text)
     if not lines:
       raise BadRequest(400, "'text' holds no sentence; send at least one.")

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import ml_collections
 
@@ -193,6 +194,13 @@ class RunActions:
              " resume.", self.label, received, done, self.workdir)
 
 
+class Due(NamedTuple):
+  """The actions on an interval that are due after a step."""
+  train_record: bool
+  validation: bool  # With its checkpoint.
+  checkpoint: bool  # A periodic one.
+
+
 class LoopActions:
   """The actions of the runs trained together (one, or a seed group's members) and what they
   share: the progress bar and the compile log. As a context, it closes them and restores the
@@ -221,11 +229,11 @@ class LoopActions:
       run.interval.add(metrics, size)
     self.progress.dispatched(metrics, size)
 
-  def due(self, done: int) -> tuple[bool, bool, bool]:
-    """Whether a train record, validation and a periodic checkpoint are due after `done`
-    (the same for every run trained together: they share the config's intervals)."""
+  def due(self, done: int) -> "Due":
+    """Which of the actions on an interval are due after `done` (the same for every run
+    trained together: they share the config's intervals)."""
     run = self.runs[0]
-    return run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done)
+    return Due(run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done))
 
   def next_boundary(self, step: int, within: int) -> int:
     """The first step after `step`, at most `step + within`, at which an action is due (a

@@ -23,11 +23,12 @@ import ml_collections
 
 from seq2seq import config as config_lib
 from seq2seq import models
+from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.full_disk import full_disk_is_user_error
-from seq2seq.runs.match import check_run_config, save_run_config, vocab_fingerprint
+from seq2seq.runs.match import check_run_config, save_run_config
 from seq2seq.runs.train_state import TrainState
 from seq2seq.runtime import compiling, signals
 from seq2seq.training import actions, distributed
@@ -187,7 +188,7 @@ def _train_group(config: ml_collections.ConfigDict,
 
   with contextlib.ExitStack() as stack, full_disk_is_user_error(_writing_in(first), last_step):
     for seed, workdir in runs.items():
-      member = config_lib.from_json(config_lib.to_json(config))
+      member = config_lib.copied(config)
       member.train.seed = seed
       try:  # A member that does not fit its workdir ends alone; the others train.
         claim = _Claim(member, workdir)
@@ -219,7 +220,7 @@ def _share_vocabulary(claims: list[_Claim]) -> None:
   for claim in claims[1:]:
     if not (claim.workdir / workdirs.VOCAB).is_file():
       workdirs.copy_vocabulary(first, claim.workdir)
-    elif vocab_fingerprint(claim.workdir / workdirs.VOCAB) != vocab_fingerprint(
+    elif tokenizer.fingerprint(claim.workdir / workdirs.VOCAB) != tokenizer.fingerprint(
         first / workdirs.VOCAB):
       raise UserError(f"{claim.workdir / workdirs.VOCAB} is not the vocabulary of"
                       f" {first / workdirs.VOCAB}: the runs cannot train as one program; train"
@@ -336,20 +337,19 @@ def _loop(trainer: Trainer, run: actions.LoopActions, state: TrainState,
 
 
 def _actions(trainer: Trainer, runs: actions.LoopActions, run: actions.RunActions,
-             state: TrainState, member: int, done: int, due: tuple[bool, bool, bool],
+             state: TrainState, member: int, done: int, due: actions.Due,
              stopping: str | None) -> None:
   """One run's actions after step `done`: the divergence check, the train record,
   validation (or a periodic checkpoint), patience."""
-  log_now, evaluate_now, save_now = due
-  if log_now or evaluate_now or save_now or stopping:
+  if any(due) or stopping:
     run.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
-  if log_now:
+  if due.train_record:
     run.train_log(done)
-  if evaluate_now:
+  if due.validation:
     runs.compile_log.before_validation(done)  # Once, before the first run's validation.
     run.last_eval = run.validate(trainer.member_state(state, member), done)  # With a checkpoint.
     if run.early_stopping.exhausted(done) and done < trainer.config.train.num_steps:
       log.info("%s%s", run.label, run.early_stopping.message(done))
       run.end({**run.last_eval, "early_stopped": True})
-  elif save_now:
+  elif due.checkpoint:
     run.periodic_save(trainer.member_state(state, member), done)

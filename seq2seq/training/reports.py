@@ -89,12 +89,15 @@ class Progress:
 
 
 def train_record(metrics: list[dict], elapsed: float, learning_rate: float) -> dict:
-  """The log record of an interval's steps (their metrics on the host)."""
+  """The log record of an interval's steps (their metrics on the host): every metric the
+  train step sums over target tokens (`loss`, `nll`, and any `steps.extra_terms`) per token,
+  the mean gradient norm, the rate and the throughput."""
   summed = jax.tree.map(lambda *xs: float(sum(xs)), *metrics)
   tokens = max(summed["tokens"], 1.0)
-  return {"loss": summed["loss"] / tokens, "nll": summed["nll"] / tokens,
-          "grad_norm": summed["grad_norm"] / len(metrics), "learning_rate": learning_rate,
-          "tokens_per_sec": summed["tokens"] / elapsed,
+  per_token = {name: total / tokens for name, total in summed.items()
+               if name not in ("tokens", "grad_norm")}
+  return {**per_token, "grad_norm": summed["grad_norm"] / len(metrics),
+          "learning_rate": learning_rate, "tokens_per_sec": summed["tokens"] / elapsed,
           "tokens_per_step": summed["tokens"] / len(metrics)}  # Real target tokens.
 
 

@@ -6,6 +6,7 @@ are traced), so each step is a pure function of its arguments.
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import nnx
 
@@ -47,15 +48,27 @@ def _packing(batch: dict, side: str) -> dict:
           if f"{side}_{name}" in batch}
 
 
+def extra_terms(params, tokens, train: ml_collections.ConfigDict) -> dict:
+  """Loss terms beyond the cross-entropy, by name: each a sum over the batch's `tokens` target
+  tokens, as the loss is, so that the objective is their total over the token count, and
+  each is logged per token under its name (`reports.train_record`). None by default;
+  docs/extending.md, "A loss term", adds one with its config field."""
+  del params, tokens, train
+  return {}
+
+
 def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
-               label_smoothing: float, accum_steps: int = 1):
-  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`.
+               train: ml_collections.ConfigDict):
+  """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`, with
+  the settings of `train` (config.train): `label_smoothing`, `grad_accum_steps`, and those
+  of any `extra_terms`.
 
   The gradient is that of the token-summed loss divided by the batch's token
-  count. With `accum_steps` k > 1, rows i, i + k, i + 2k, ... form micro-batch
+  count. With `grad_accum_steps` k > 1, rows i, i + k, i + 2k, ... form micro-batch
   i (so every device holds a share of each); their summed gradients give the
   same update as the whole batch at once, in about 1/k of the activation memory.
   """
+  accum_steps = train.grad_accum_steps
   # Folding in the step makes dropout a function of the step: resume is exact.
   step_key = jax.random.fold_in(dropout_key, state.step)
 
@@ -66,8 +79,12 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
       memory = model.encode(micro_batch["src"], **_packing(micro_batch, "src"), rngs=rngs)
       logits = model.decode(memory, micro_batch["tgt_in"], **_packing(micro_batch, "tgt"),
                             rngs=rngs)
-      sums = cross_entropy(logits, micro_batch["tgt_out"], label_smoothing)
-      return sums["loss"], sums
+      sums = cross_entropy(logits, micro_batch["tgt_out"], train.label_smoothing)
+      objective = sums["loss"]
+      for name, term in extra_terms(params, sums["tokens"], train).items():
+        sums[name] = term
+        objective = objective + term
+      return objective, sums
 
     (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     return grads, sums

@@ -198,9 +198,7 @@ class Trainer:
     threads = config.compile.threads
     # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
     by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
-    step_args = dict(graphdef=self.graphdef, optimizer=self.optimizer,
-                     label_smoothing=config.train.label_smoothing,
-                     accum_steps=config.train.grad_accum_steps)
+    step_args = dict(graphdef=self.graphdef, optimizer=self.optimizer, train=config.train)
     # A seed group's members train side by side: the same step, vmapped over them.
     members = jax.vmap if self.seeds else lambda f: f
     of_seeds = f" of {len(self.seeds)} seeds" if self.seeds else ""
