@@ -33,8 +33,11 @@ def test_cross_attention_of_local_is_full_scaled_dot():
 def test_weights_sum_to_one_and_are_zero_where_masked(name, causal):
   """Through MultiHeadAttention, as the models use it: every registered variant, so a new
   score in `SCORES` is checked as attention whichever family declares it."""
+  model = config_lib.base_config().model
+  model.attention_window = 2
   mha = attention.MultiHeadAttention(H * D, H, attention=name, dropout_rate=0.0,
-                                     rngs=nnx.Rngs(0), max_keys=16, window=2)
+                                     rngs=nnx.Rngs(0), max_keys=16,
+                                     **attention.hyperparameters(name, model))
   x = jax.random.normal(jax.random.key(1), (B, 6, H * D))
   mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
   _, weights = mha(x, *mha.project_kv(x), mask, return_weights=True)
@@ -158,3 +161,36 @@ def test_attention_dropout_composes_with_grouped_beams():
   np.testing.assert_allclose(grouped, ungrouped, rtol=1e-5, atol=1e-6)
   no_dropout = mha(queries, keys, values, masks.padding_mask(source_ids))
   assert not np.allclose(grouped, no_dropout)  # Dropout did drop something.
+
+
+def test_a_variant_with_its_own_hyperparameter_has_it_bound_from_the_config(monkeypatch):
+  """docs/extending.md: a variant registered in VARIANTS with a hyperparameter (a softmax
+  temperature) and its config field is built from the config by the Transformer's layers,
+  with its value bound; temperature 1 is scaled dot-product attention, temperature t that of
+  queries divided by t."""
+  from seq2seq.models import transformer
+
+  tempered = attention.Variant(
+      attention._no_params, attention._keys_as_they_are,
+      lambda query, keys, values, mask, params, attention_temperature: attention.attend(
+          attention.SCORES["scaled_dot"], query / attention_temperature, keys, values,
+          mask.dense(query.shape[2]), params),
+      hyperparameters=("attention_temperature",))
+  monkeypatch.setitem(attention.VARIANTS, "tempered", tempered)
+  base = config_lib.base_config().model
+  x = jax.random.normal(jax.random.key(1), (B, 6, base.emb_dim))
+  mask = masks.padding_mask(KEY_IDS)
+  weights = {}
+  for name, temperature in (("scaled_dot", 1.0), ("tempered", 1.0), ("tempered", 2.0)):
+    model = config_lib.base_config().model
+    with model.unlocked():
+      model.attention, model.attention_temperature = name, temperature  # Its config field.
+    layer = transformer._attention(model, nnx.Rngs(0), None)
+    assert layer.hyperparameters == (() if name == "scaled_dot"
+                                     else (("attention_temperature", temperature),))
+    keys, values = layer.project_kv(x)
+    weights[name, temperature] = layer(x, keys, values, mask, return_weights=True)[1]
+  np.testing.assert_allclose(weights["tempered", 1.0], weights["scaled_dot", 1.0], atol=1e-6)
+  assert np.abs(weights["tempered", 2.0] - weights["scaled_dot", 1.0]).max() > 1e-3
+  flatter = lambda w: -(w * jnp.log(jnp.maximum(w, 1e-9))).sum(-1).mean()  # noqa: E731
+  assert flatter(weights["tempered", 2.0]) > flatter(weights["scaled_dot", 1.0])

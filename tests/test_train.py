@@ -517,3 +517,35 @@ def test_a_loss_term_added_in_steps_trains_and_is_logged_per_token(tmp_path, tin
   penalized = records[1e-2]
   assert penalized[0]["loss"] == plain[0]["loss"]  # Step 1: the initial parameters.
   assert penalized[0]["l2"] > 0 and penalized[1]["loss"] != plain[1]["loss"]
+
+
+@pytest.mark.slow  # Two tiny runs: over ~7 s.
+def test_a_loop_action_registered_in_one_line_runs_when_due_with_any_steps_per_call(
+    tmp_path, tiny_config, monkeypatch):
+  """docs/extending.md, "Adding an action to the training loop": a class and the one line
+  that registers it (actions.EXTRA_ACTIONS) log the parameters' norm every 3 steps and after
+  the last; calls of several steps stop where it is due, so it falls on the same steps with
+  the same state as with one step per call."""
+  from seq2seq.training import actions, reports
+
+  class ParamNorm:
+    def __init__(self, run, config):
+      self.writer, self.num_steps = run.writer, config.train.num_steps
+
+    def due(self, done):
+      return reports.due_every(3, done, self.num_steps)
+
+    def __call__(self, state, done):
+      self.writer.write(done, "param_norm", {"norm": float(optax.tree.norm(state.params))})
+
+  monkeypatch.setattr(actions, "EXTRA_ACTIONS", [ParamNorm])  # The one line.
+  tiny_config.train.num_steps = tiny_config.eval.every_steps = 7
+  tiny_config.train.log_every_steps = 7
+  norms = {}
+  for k in (1, 4):
+    tiny_config.train.steps_per_call = k
+    loop.train_and_evaluate(tiny_config, tmp_path / f"k{k}")
+    norms[k] = [(r["step"], r["norm"]) for r in read_metrics(tmp_path / f"k{k}")
+                if r["split"] == "param_norm"]
+  assert [step for step, _ in norms[1]] == [step for step, _ in norms[4]] == [3, 6, 7]
+  np.testing.assert_allclose([n for _, n in norms[4]], [n for _, n in norms[1]], rtol=1e-6)

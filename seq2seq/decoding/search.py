@@ -249,7 +249,7 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     max_len: most tokens per hypothesis (EOS included).
     beam_size: live hypotheses per sentence.
     alpha: length-penalty exponent (0: plain log-probability).
-    nbest: hypotheses returned per sentence (at most `beam_size`).
+    nbest: hypotheses returned per sentence, 1 to `beam_size` (`Beam` checks it).
 
   Returns:
     (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD;
@@ -257,8 +257,6 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     hypotheses come first, best first; unfinished ones (cut at max_len) only
     fill the list when fewer than `nbest` finished.
   """
-  if (problem := nbest_problem(nbest, beam_size)) is not None:
-    raise ValueError(problem)
   state = BeamState.initial(cache, batch_size, beam_size, max_len)
   body = functools.partial(_beam_step, step_fn, alpha)
   resizable = hasattr(cache, "resized")

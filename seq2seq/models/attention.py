@@ -230,10 +230,13 @@ def local_attention(query, keys, values, mask: Mask, window: int):
 class Variant(NamedTuple):
   """An attention variant: the score's parameters and key preparation, and its kernel.
 
-  attend: `(query, prepared keys, values, mask: Mask, params, window) -> (context, weights)`.
+  attend: `(query, prepared keys, values, mask: Mask, params, **hyperparameters) ->
+    (context, weights)`.
   weight_dropout: attention dropout applies to its (softmax) weights.
   packs: it keeps packed sentences apart (segment ids), so rows may be packed.
   cross: the variant that cross-attention uses instead (None: this one).
+  hyperparameters: its own settings, as `attend`'s keyword arguments named after their
+    `config.model` fields (`hyperparameters(cfg)` reads them); bound when a layer is built.
   """
   init: Callable[..., ScoreParams | None]
   prepare: Callable[[jnp.ndarray, Any], jnp.ndarray]
@@ -241,11 +244,16 @@ class Variant(NamedTuple):
   weight_dropout: bool = True
   packs: bool = True
   cross: str | None = None
+  hyperparameters: tuple[str, ...] = ()
+
+
+def hyperparameters(name: str, cfg) -> dict[str, Any]:
+  """Variant `name`'s hyperparameters, read from `cfg` (config.model)."""
+  return {field: cfg[field] for field in VARIANTS[name].hyperparameters}
 
 
 def _softmax_variant(score: Score) -> Variant:
-  def attend_with_score(query, keys, values, mask: Mask, params, window):
-    del window
+  def attend_with_score(query, keys, values, mask: Mask, params):
     return attend(score, query, keys, values, mask.dense(query.shape[2]), params)
   return Variant(score.init, score.prepare, attend_with_score)
 
@@ -254,16 +262,15 @@ VARIANTS: dict[str, Variant] = {
     **{name: _softmax_variant(score) for name, score in SCORES.items()},
     "linear": Variant(
         _no_params, _keys_as_they_are,
-        lambda query, keys, values, mask, params, window: linear_attention(query, keys, values,
-                                                                           mask),
+        lambda query, keys, values, mask, params: linear_attention(query, keys, values, mask),
         weight_dropout=False, packs=False),
     # A window over source positions would not follow the alignment between the two
     # sentences, so cross-attention stays full scaled dot-product attention.
     "local": Variant(
         _no_params, _keys_as_they_are,
-        lambda query, keys, values, mask, params, window: local_attention(query, keys, values,
-                                                                          mask, window),
-        weight_dropout=False, cross="scaled_dot"),
+        lambda query, keys, values, mask, params, attention_window: local_attention(
+            query, keys, values, mask, attention_window),
+        weight_dropout=False, cross="scaled_dot", hyperparameters=("attention_window",)),
 }
 
 
@@ -300,10 +307,15 @@ class MultiHeadAttention(nnx.Module):
   """
 
   def __init__(self, dim: int, num_heads: int, *, attention: str, dropout_rate: float,
-               rngs: nnx.Rngs, max_keys: int = 0, window: int = 0, dtype: Any = None):
+               rngs: nnx.Rngs, max_keys: int = 0, dtype: Any = None, **hyperparameters):
+    """`hyperparameters`: the variant's own (`Variant.hyperparameters`), bound here."""
     self.num_heads = num_heads
     self.attention = attention  # The name (static); `variant` looks it up.
-    self.window = window
+    missing = set(self.variant.hyperparameters) - set(hyperparameters)
+    if missing or set(hyperparameters) - set(self.variant.hyperparameters):
+      raise TypeError(f"{attention} attention takes the hyperparameters"
+                      f" {self.variant.hyperparameters}, not {tuple(hyperparameters)}.")
+    self.hyperparameters = tuple(sorted(hyperparameters.items()))  # Static.
     head_dim = dim // num_heads
     self.score_params = self.variant.init(num_heads, head_dim, max_keys, rngs)
     linear = lambda: Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
@@ -332,7 +344,7 @@ class MultiHeadAttention(nnx.Module):
     if groups > 1:
       query = _group_rows(query, groups)
     context, weights = self.variant.attend(query, keys, values, mask, self.score_params,
-                                           self.window)
+                                           **dict(self.hyperparameters))
     if groups > 1:
       context, weights = _ungroup_rows(context, groups), _ungroup_rows(weights, groups)
     # Dropout on the attention weights only changes the weighted sum. Its mask is drawn for

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.models import masks
-from seq2seq.models.attention import VARIANTS, MultiHeadAttention
+from seq2seq.models.attention import VARIANTS, MultiHeadAttention, hyperparameters
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear
 
@@ -103,7 +103,8 @@ def _attention(cfg, rngs, dtype, *, cross: bool = False):
   attention = (VARIANTS[cfg.attention].cross or cfg.attention) if cross else cfg.attention
   return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
                             dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
-                            max_keys=cfg.max_len, window=cfg.attention_window, dtype=dtype)
+                            max_keys=cfg.max_len, dtype=dtype,
+                            **hyperparameters(attention, cfg))
 
 
 class EncoderLayer(nnx.Module):

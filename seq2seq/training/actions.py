@@ -160,6 +160,13 @@ class AgreedStop:
     return self.signals.agreed(done, boundary)
 
 
+# Actions of your own, run after the built-in ones when due: each a class built per run as
+# `cls(run: RunActions, config)`, with `due(done) -> bool` and `__call__(state, done)` (the
+# run's own state: a seed group's member's). docs/extending.md, "Adding an action to the
+# training loop"; a new one is its class plus one line here.
+EXTRA_ACTIONS: list[type] = []
+
+
 class RunActions:
   """One run's actions: its metrics writer, interval, records, validation, checkpoints and
   patience. A seed group has one per member (`member`, its index in the group's arrays)."""
@@ -177,6 +184,7 @@ class RunActions:
                                     self.interval, self.label)
     self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
     self.early_stopping = EarlyStopping(config, checkpoints)
+    self.extra = [action(self, config) for action in EXTRA_ACTIONS]
     self.last_eval: dict = {}
     self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
 
@@ -199,6 +207,7 @@ class Due(NamedTuple):
   train_record: bool
   validation: bool  # With its checkpoint.
   checkpoint: bool  # A periodic one.
+  extra: bool = False  # One of EXTRA_ACTIONS.
 
 
 class LoopActions:
@@ -233,7 +242,8 @@ class LoopActions:
     """Which of the actions on an interval are due after `done` (the same for every run
     trained together: they share the config's intervals)."""
     run = self.runs[0]
-    return Due(run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done))
+    return Due(run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done),
+               any(action.due(done) for action in run.extra))
 
   def next_boundary(self, step: int, within: int) -> int:
     """The first step after `step`, at most `step + within`, at which an action is due (a

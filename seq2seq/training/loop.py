@@ -340,7 +340,7 @@ def _actions(trainer: Trainer, runs: actions.LoopActions, run: actions.RunAction
              state: TrainState, member: int, done: int, due: actions.Due,
              stopping: str | None) -> None:
   """One run's actions after step `done`: the divergence check, the train record,
-  validation (or a periodic checkpoint), patience."""
+  validation (or a periodic checkpoint), patience, then those of `actions.EXTRA_ACTIONS`."""
   if any(due) or stopping:
     run.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
   if due.train_record:
@@ -353,3 +353,7 @@ def _actions(trainer: Trainer, runs: actions.LoopActions, run: actions.RunAction
       run.end({**run.last_eval, "early_stopped": True})
   elif due.checkpoint:
     run.periodic_save(trainer.member_state(state, member), done)
+  if due.extra:
+    for action in run.extra:
+      if action.due(done):
+        action(trainer.member_state(state, member), done)
