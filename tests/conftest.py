@@ -44,6 +44,19 @@ import pytest  # noqa: E402
 from tests.helpers import fast_tiny_config, shared_run_config  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+  """Drops each test module's jitted programs when it ends (a later module compiles its own
+  again, mostly from the persistent cache). With FAST_COMPILE's flags, XLA:CPU (jaxlib 0.10.2)
+  crashed with SIGSEGV serializing a program for the persistent cache once the ~40 RNN
+  programs of tests/test_rnn.py's slow grid stayed loaded in the process (CI's slow run, and
+  here twice in a row); with XLA's default flags, with either half of that grid, or with
+  this, it did not."""
+  yield
+  import jax
+  jax.clear_caches()
+
+
 @pytest.fixture
 def tiny_config():
   """fast_tiny_config(), the test's own to change."""

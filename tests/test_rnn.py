@@ -20,16 +20,6 @@ TGT = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])  # BOS=2
 RNN_VARIANTS = ATTENTION_BY_FAMILY["rnn"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _release_compiled_programs():
-  """Drops this module's compiled programs when it ends. With the suite's fast-compile flags
-  (tests/conftest.py), XLA:CPU (jaxlib 0.10.2) crashed (SIGSEGV) serializing a later
-  program for the persistent cache once the slow grid's ~40 RNN programs stayed loaded in
-  the process; with the default flags, or with either half of the grid, it did not."""
-  yield
-  jax.clear_caches()
-
-
 def rnn_config(tiny_config, **model):
   c = tiny_config
   c.model.family = "rnn"
