@@ -147,7 +147,8 @@ class GateKernels(NamedTuple):
     are hoisted) and `rest`, the other inputs in row order: `(carry, output)`."""
     if self.lstm:
       c, h = carry
-      z = self._product(jnp.concatenate([*rest, h], axis=-1), self.step) + self.bias
+      z = self._product(jnp.concatenate([*rest, h], axis=-1), self.step)
+      z = z + self.bias.astype(z.dtype)  # In the computation's dtype, as nnx.Linear adds it.
       if projected is not None:
         z = projected + z
       i, f, g, o = jnp.split(z, 4, axis=-1)
@@ -364,8 +365,7 @@ class RNN(nnx.Module):
 
   def attention_weights(self, src_ids, tgt_in_ids) -> dict[str, jnp.ndarray]:
     """`cross`: the `[1 layer, batch, 1 head, t, src_len]` alignment of each target step."""
-    weights = self._teacher_forced(self.encode(src_ids), tgt_in_ids, None)[1]
-    return {"cross": weights[None, :, None]}
+    return {"cross": self._teacher_forced(self.encode(src_ids), tgt_in_ids, None)[1][None, :, None]}
 
   def _teacher_forced(self, memory, tgt_in_ids, rngs):
     embedded = self.dropout(self.tgt_embed(tgt_in_ids), deterministic=rngs is None, rngs=rngs)
