@@ -256,8 +256,9 @@ function matrix(panel) {
     ? heads[0].map((row, r) => row.map((_, c) => heads.reduce((s, h) => s + h[r][c], 0) /
                                                  heads.length))
     : heads[head - 1];
-  const about = `${name}, layer ${layer} of ${all.length}, ` +
-    (head === "mean" ? `mean of ${heads.length} heads` : `head ${head} of ${heads.length}`);
+  const about = `${name}, layer ${layer} of ${all.length}, ` + (
+    heads.length === 1 ? "its one head"
+      : head === "mean" ? `mean of ${heads.length} heads` : `head ${head} of ${heads.length}`);
   return {rows: attention[rows], columns: attention[columns], values, about, layer, head,
           source: attention.source, all};
 }
