@@ -324,8 +324,10 @@ function renderPickers() {
   state.layer = Math.min(state.layer, layers);
   if (state.head !== "mean") state.head = Math.min(state.head, heads);
   fill($("#layer"), [...Array(layers).keys()].map((i) => [i + 1, String(i + 1)]), state.layer);
-  fill($("#head"), [["mean", "mean of the heads"],
-                    ...[...Array(heads).keys()].map((i) => [i + 1, String(i + 1)])], state.head);
+  if (heads === 1) state.head = "mean";  // Its one head: nothing to pick.
+  fill($("#head"), heads === 1 ? [["mean", "1"]] : [
+    ["mean", "mean of the heads"], ...[...Array(heads).keys()].map((i) => [i + 1, String(i + 1)])],
+  state.head);
 }
 
 function renderPanel(id, panel, letter) {
