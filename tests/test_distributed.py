@@ -78,7 +78,7 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
 # id left empty, which jax.distributed must read from the environment (a one-task Slurm job).
 JOIN = """
 import jax
-from seq2seq.training import distributed
+from seq2seq.runtime import distributed
 from seq2seq.config import base_config
 d = base_config().distributed
 distributed.initialize_distributed(d)

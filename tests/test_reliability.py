@@ -18,11 +18,11 @@ from orbax.checkpoint._src.path import async_path
 
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
-from seq2seq.runs import checkpoints, workdirs
+from seq2seq.runs import checkpoints, claim, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runs.workdirs import WorkdirLock
 from seq2seq.training import loop
-from seq2seq.training.metrics_writer import MetricsWriter
 from tests.helpers import ENV, ROOT, full_disk_at, shared_run_config
 
 
@@ -310,7 +310,7 @@ def test_a_start_refused_the_lock_leaves_the_new_workdir_of_the_other(tmp_path, 
     return racing
 
   if made_by == "this start":  # It saw no workdir (and made it); the other then locks it.
-    monkeypatch.setattr(loop, "check_run_config", then_the_other_start(loop.check_run_config))
+    monkeypatch.setattr(claim, "check_run_config", then_the_other_start(claim.check_run_config))
   else:  # The other start makes and locks it before this one looks.
     monkeypatch.setattr(workdirs, "check_writable", then_the_other_start(workdirs.check_writable))
   try:

@@ -16,7 +16,8 @@ from seq2seq.data import batching, corpus
 from seq2seq.decoding.translator import Translator
 from seq2seq.evaluation import evaluate
 from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.training import loop, steps
+from seq2seq.training import loop, seeds, steps
+from seq2seq.training.seeds import SeedGroup
 from seq2seq.training.trainer import Trainer
 from tests.helpers import ENV, ROOT, read_metrics, shared_run_config
 
@@ -125,11 +126,11 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
 
   monkeypatch.setattr(Trainer, "to_device", sigterm_once)
   workdirs = {seed: tmp_path / f"seed-{seed}" for seed in SEEDS}
-  stopped = loop.train_seeds(shared_run_config(), workdirs)
+  stopped = seeds.train_seeds(shared_run_config(), workdirs)
   assert [r["interrupted"] for r in stopped.values()] == ["SIGTERM", "SIGTERM"]
   step = stopped[0]["step"]
   assert [Checkpoints(w, keep=2).all_steps() for w in workdirs.values()] == [[step], [step]]
-  resumed = loop.train_seeds(shared_run_config(), workdirs)
+  resumed = seeds.train_seeds(shared_run_config(), workdirs)
   assert [r["step"] for r in resumed.values()] == [4, 4]
   for seed, workdir in workdirs.items():
     for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):
@@ -142,7 +143,7 @@ def test_a_group_trains_several_steps_per_call(tmp_path):
   the group's two single steps, to float32 rounding."""
   c = shared_run_config()
   c.train.steps_per_call = 2
-  trainer = Trainer(c, tmp_path / "run", seeds=SEEDS)
+  trainer = SeedGroup(c, tmp_path / "run", list(SEEDS))
   trainer.compile()  # The call of 2, and (in the background) the single step.
   called, metrics = trainer.train(trainer.new_state(), 0, 2)
   stepped = trainer.new_state()
@@ -194,8 +195,8 @@ def test_the_rnn_recipes_seed_group_is_initialized(tmp_path):
   The members are now initialized one after another in the program; each equals its seed's
   run alone (test_a_two_seed_sweep_..._equal_the_runs_alone)."""
   script = ("import sys; from pathlib import Path; from tests.helpers import load_config;"
-            " from seq2seq.training.trainer import Trainer;"
-            " t = Trainer(load_config('multi30k_rnn'), Path(sys.argv[1]), seeds=[0, 1]);"
+            " from seq2seq.training.seeds import SeedGroup;"
+            " t = SeedGroup(load_config('multi30k_rnn'), Path(sys.argv[1]), [0, 1]);"
             " print(int(t.new_state().step[0]))")
   done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=ENV, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
@@ -209,14 +210,16 @@ def test_a_member_that_ends_drops_its_metrics_and_gathers_no_more(tmp_path):
   from seq2seq.training import actions
   from tests.helpers import fast_tiny_config
 
-  trainer = Trainer(fast_tiny_config(), tmp_path / "seed-0", seeds=SEEDS)
-  workdirs = [tmp_path / f"seed-{seed}" for seed in SEEDS]
-  with actions.LoopActions(trainer, [(Checkpoints(w / "checkpoints", keep=1), w)
-                                     for w in workdirs], 0) as run:
+  group = SeedGroup(fast_tiny_config(), tmp_path / "seed-0", list(SEEDS))
+  runs = [(Checkpoints(w / "checkpoints", keep=1), w)
+          for w in [tmp_path / f"seed-{seed}" for seed in SEEDS]]
+  with actions.LoopActions(group, 0, lambda progress, compile_log: seeds.Members(
+      group, runs, 0, progress, compile_log)) as loop_actions:
+    members = loop_actions.run
     metrics = {"loss": jax.numpy.zeros(len(SEEDS)), "tokens": jax.numpy.ones(len(SEEDS))}
-    run.dispatched(metrics)
-    run.runs[1].end(UserError("the disk is full"))
-    run.dispatched(metrics)
-    run.dispatched(metrics)
-    assert [len(one.interval.calls) for one in run.runs] == [3, 0]
-    assert [i for i, _ in run.training] == [0]
+    loop_actions.dispatched(metrics)
+    members.runs[1].end(UserError("the disk is full"))
+    loop_actions.dispatched(metrics)
+    loop_actions.dispatched(metrics)
+    assert [len(one.interval.calls) for one in members.runs] == [3, 0]
+    assert [one.training for one in members.runs] == [True, False] and members.training

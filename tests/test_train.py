@@ -20,6 +20,7 @@ import optax
 import pytest
 from flax import nnx
 
+from seq2seq import config as config_lib
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import ATTENTION_BY_FAMILY, build_model
@@ -29,7 +30,7 @@ from seq2seq.runs.workdirs import WorkdirLock
 from seq2seq.training import loop
 from seq2seq.training.steps import cross_entropy, train_step
 from seq2seq.training.trainer import Trainer
-from tests.helpers import ENV, damage_checkpoint, fast_tiny_config, load_config, read_metrics
+from tests.helpers import ENV, ROOT, damage_checkpoint, fast_tiny_config, load_config, read_metrics
 
 
 def test_one_training_step_end_to_end(tmp_path, tiny_config):
@@ -549,3 +550,40 @@ def test_a_loop_action_registered_in_one_line_runs_when_due_with_any_steps_per_c
                 if r["split"] == "param_norm"]
   assert [step for step, _ in norms[1]] == [step for step, _ in norms[4]] == [3, 6, 7]
   np.testing.assert_allclose([n for _, n in norms[4]], [n for _, n in norms[1]], rtol=1e-6)
+
+
+# The commit before training/seeds.py (issue 45): the code that issue 43's sweeps started under.
+BEFORE = "bf25fff"
+
+
+@pytest.mark.slow  # Trains 4 steps under the code before, then resumes: about 40 s.
+def test_a_checkpoint_of_the_code_before_resumes_to_the_same_parameters(tmp_path):
+  """A run trained by the code of commit BEFORE, its last checkpoint removed, resumes under
+  this code to the parameters the code before saved there, bit for bit: runs started before
+  the training code was rewritten go on with the same numerics."""
+  before = tmp_path / "before"
+  before.mkdir()
+  archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "seq2seq"],
+                           capture_output=True)
+  if archive.returncode:
+    pytest.skip(f"this clone lacks commit {BEFORE}: {archive.stderr.decode().strip()}")
+  subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+  (before / "data").symlink_to(ROOT / "data")  # The bundled Multi30k, where the code looks.
+  c = fast_tiny_config()
+  c.train.num_steps, c.eval.every_steps = 4, 2  # Checkpoints at 2 and 4.
+  workdir = tmp_path / "run"
+  script = ("import sys, seq2seq; from seq2seq import config; from seq2seq.training import loop;"
+            " loop.train_and_evaluate(config.from_json(sys.argv[1]), sys.argv[2]);"
+            " print(seq2seq.__file__)")
+  done = subprocess.run([sys.executable, "-c", script, config_lib.to_json(c), str(workdir)],
+                        env=dict(ENV, PYTHONPATH=str(before)), cwd=tmp_path,
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.splitlines()[-1] == str(before / "seq2seq" / "__init__.py")  # It ran.
+  template = Trainer(c, workdir).new_state()
+  saved = jax.tree.leaves(Checkpoints(workdir, keep=3).restore(4, template).params)
+  shutil.rmtree(workdir / "checkpoints" / "4")
+  assert loop.train_and_evaluate(c, workdir)["step"] == 4
+  resumed = jax.tree.leaves(Checkpoints(workdir, keep=3).restore(4, template).params)
+  for a, b in zip(saved, resumed, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -4,7 +4,7 @@
 trains every combination in `root/<readable name>`: finished runs are
 skipped, unfinished ones resume, and a failure is recorded without stopping
 the others. The runs that differ only in train.seed (the seeds of one point)
-train as one program (`loop.train_seeds`) where they start from one step,
+train as one program (`seeds.train_seeds`) where they start from one step,
 unless `one_by_one`; either way each is an ordinary run in its own workdir.
 """
 
@@ -76,13 +76,13 @@ def _stopped(result: dict) -> str | None:
 def _train(config_json: str, workdirs_by_seed: dict[int, str]) -> dict[int, str | Exception | None]:
   """Trains one run, or the seeds of one point as one program (more than one workdir); per
   seed, how it was stopped early (`_stopped`), or the error that ended that member alone."""
-  from seq2seq.training import loop  # In a fresh process when run in parallel.
+  from seq2seq.training import loop, seeds  # In a fresh process when run in parallel.
 
   config = config_lib.from_json(config_json)
   if len(workdirs_by_seed) == 1:
     return {seed: _stopped(loop.train_and_evaluate(config, workdir))
             for seed, workdir in workdirs_by_seed.items()}
-  results = loop.train_seeds(config, workdirs_by_seed)
+  results = seeds.train_seeds(config, workdirs_by_seed)
   return {seed: r if isinstance(r, Exception) else _stopped(r) for seed, r in results.items()}
 
 

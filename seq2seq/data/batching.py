@@ -236,7 +236,7 @@ class TrainBatches:
 
     The order of the lengths is the data's alone (drawn from the epoch, not the seed): runs
     that differ only in their seed get batches of the same shape at every step, so their
-    seeds can train as one program (`Trainer(seeds=...)`). The seed draws which examples
+    seeds can train as one program (`training.seeds`). The seed draws which examples
     fill each batch, and in which order each length's batches come."""
     plan = self._plans.get(epoch)
     if plan is None:

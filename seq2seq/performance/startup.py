@@ -23,9 +23,11 @@ from seq2seq.models import MODEL_CLASSES
 from seq2seq.models.rnn import RNN
 from seq2seq.performance.rnn_reference import StepwiseRNN
 from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.vocabulary import VOCAB_SEED
 from seq2seq.runtime import compiling
 from seq2seq.training import steps as train_steps
-from seq2seq.training.trainer import VOCAB_SEED, Trainer
+from seq2seq.training.seeds import SeedGroup
+from seq2seq.training.trainer import Trainer
 
 PADDING_SPLITS = ("val", "test")
 
@@ -170,8 +172,9 @@ def seeds_benchmark(config: ml_collections.ConfigDict, counts: list[int],
   results = []
   with tempfile.TemporaryDirectory() as scratch:
     for count in counts:
-      seeds = list(range(count)) if count > 1 else None
-      seconds, _ = _train_seconds(Trainer(config, Path(scratch), seeds), steps)
+      trainer = (SeedGroup(config, Path(scratch), list(range(count))) if count > 1
+                 else Trainer(config, Path(scratch)))
+      seconds, _ = _train_seconds(trainer, steps)
       results.append({"benchmark": "seeds", "seeds": count, "steps": steps,
                       "steps_per_second": round(steps / seconds, 3),
                       "run_steps_per_second": round(count * steps / seconds, 3),

@@ -92,7 +92,7 @@ def create_workdir(workdir: str | Path) -> bool:
 
   `mkdir` without exist_ok: of simultaneous first starts on one new workdir exactly one made
   it, and only that one may remove it again (once it also holds the lock:
-  `training.loop._train_in`).
+  `claim.Claim.held`).
   """
   try:
     Path(workdir).mkdir(parents=True)

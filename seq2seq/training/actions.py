@@ -1,11 +1,10 @@
 """The training loop's actions: what runs after a train step, each when it is due.
 
-In the spirit of clu's periodic actions and t5x's TerminateOnNanAction and
-EarlyStoppingAction, the driver (`loop._train`) dispatches the steps and calls these:
-the divergence (non-finite) check, validation with its checkpoint, the periodic checkpoint,
-patience, and stops agreed across processes; and those of `reports`: the progress bar, the
-train record and the compile log. Each owns
-one job; the driver owns their order and what the run returns.
+As clu's periodic actions and t5x's TerminateOnNanAction and EarlyStoppingAction: the
+divergence check, validation with its checkpoint, the periodic checkpoint, patience
+(`claim.EarlyStopping`), and the records of `reports`; and the stop signals agreed across
+processes (`signals.StopSignals`). Each
+owns one job; `RunActions.after_step` calls a run's in their order.
 """
 
 import logging
@@ -14,16 +13,16 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import ml_collections
-
 from seq2seq.errors import UserError
+from seq2seq.runs import claim
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.full_disk import full_disk_error
+from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runtime import signals
-from seq2seq.training.metrics_writer import MetricsWriter
 from seq2seq.training.reports import CompileLog, Interval, Progress, TrainLog, due_every
 
 log = logging.getLogger("seq2seq")
+
 
 def diverged(what: str, step: int, last_checkpoint: int | None) -> UserError:
   """The error that ends a diverged run: what was not finite, and where to resume from."""
@@ -57,12 +56,10 @@ class ValidateAndSave:
 
   def __init__(self, trainer, checkpoints: Checkpoints, writer: MetricsWriter,
                progress: Progress, interval: Interval, label: str = ""):
-    self.trainer, self.checkpoints = trainer, checkpoints
+    self.trainer, self.checkpoints, self.label = trainer, checkpoints, label  # Before lines.
     self.writer, self.progress, self.interval = writer, progress, interval
-    self.label = label  # A seed group's member: "seed 1: " before its lines.
-    self.every_steps = trainer.config.eval.every_steps
+    self.every_steps, self.split = trainer.config.eval.every_steps, trainer.config.eval.split
     self.num_steps = trainer.config.train.num_steps
-    self.split = trainer.config.eval.split
     self.train_start = time.perf_counter()
 
   def due(self, done: int) -> bool:
@@ -96,110 +93,10 @@ class ValidateAndSave:
       raise error from e
 
 
-class PeriodicSave:
-  """Every config.checkpoint.every_steps (0: never), a checkpoint without metrics: kept by
-  the LatestN policy only, e.g. for --checkpoint=avg:N."""
-
-  def __init__(self, every_steps: int, checkpoints: Checkpoints):
-    self.every_steps, self.checkpoints = every_steps, checkpoints
-
-  def due(self, done: int) -> bool:
-    return bool(self.every_steps) and done % self.every_steps == 0
-
-  def __call__(self, state, done: int) -> None:
-    # Written while training goes on: the next save or read of the steps waits for it.
-    self.checkpoints.save(done, state, wait=False)
-
-
-def evaluations_without_improvement(checkpoints: Checkpoints, step: int,
-                                    every_steps: int) -> int:
-  """Evaluations in (best step, `step`]: evaluations happen at multiples of `every_steps`,
-  so this is a function of the checkpoints alone and a resumed run counts as it would have."""
-  best = checkpoints.best_step()
-  return 0 if best is None else step // every_steps - best // every_steps
-
-
-class EarlyStopping:
-  """Patience (config.train.patience, 0: none): the run stops once validation BLEU has not
-  improved for that many evaluations. Read from the checkpoints' metrics alone, so a resumed
-  run stops where the uninterrupted one would have."""
-
-  def __init__(self, config: ml_collections.ConfigDict, checkpoints: Checkpoints):
-    self.patience, self.every_steps = config.train.patience, config.eval.every_steps
-    self.checkpoints = checkpoints
-
-  def exhausted(self, step: int) -> bool:
-    """Whether the evaluations up to `step` end the run."""
-    return bool(self.patience) and evaluations_without_improvement(
-        self.checkpoints, step, self.every_steps) >= self.patience
-
-  def message(self, step: int) -> str:
-    best = self.checkpoints.best_step()
-    bleu = self.checkpoints.manager.metrics(best)["bleu"]
-    return (f"Stopped early at step {step}: validation BLEU has not improved for"
-            f" {self.patience} evaluations (config.train.patience); the best is {bleu:.2f} at"
-            f" step {best}.")
-
-
-class AgreedStop:
-  """SIGINT/SIGTERM during the loop: every process stops after the same step
-  (`signals.StopSignals`); each run saves a checkpoint of it (`RunActions.save_on_stop`)."""
-
-  def __init__(self):  # Installs the handlers.
-    self.signals = signals.StopSignals()
-
-  def before_start(self, start: int) -> None:
-    """A signal during start-up, on any process, ends the run before its first step."""
-    if early := self.signals.agreed(start, boundary=True):
-      raise signals.Interrupted(early)
-
-  def agreed(self, done: int, boundary: bool) -> str | None:
-    """The signal to stop after step `done` (read once: one arriving later stops a later
-    step); `boundary`: a step that logs, evaluates or saves, where several processes always
-    compare their records."""
-    return self.signals.agreed(done, boundary)
-
-
-# Actions of your own, run after the built-in ones when due: each a class built per run as
-# `cls(run: RunActions, config)`, with `due(done) -> bool` and `__call__(state, done)` (the
-# run's own state: a seed group's member's). docs/extending.md, "Adding an action to the
-# training loop"; a new one is its class plus one line here.
+# Actions of your own, after the built-in ones: classes built per run as `cls(run: RunActions,
+# config)`, with `due(done) -> bool` and `__call__(state, done)` (the run's own state).
+# docs/extending.md, "Adding an action to the training loop".
 EXTRA_ACTIONS: list[type] = []
-
-
-class RunActions:
-  """One run's actions: its metrics writer, interval, records, validation, checkpoints and
-  patience. A seed group has one per member (`member`, its index in the group's arrays)."""
-
-  def __init__(self, trainer, checkpoints: Checkpoints, workdir: Path, start: int,
-               progress: Progress, member: int | None = None):
-    config = trainer.config
-    self.checkpoints, self.workdir = checkpoints, workdir
-    self.label = f"seed {trainer.seeds[member]}: " if member is not None else ""
-    self.writer = MetricsWriter(workdir, start)
-    self.interval = Interval(member)
-    self.check_finite = TerminateOnNonFinite(self.interval, checkpoints)
-    self.train_log = TrainLog(config.train, self.writer, progress, self.interval)
-    self.validate = ValidateAndSave(trainer, checkpoints, self.writer, progress,
-                                    self.interval, self.label)
-    self.periodic_save = PeriodicSave(config.checkpoint.every_steps, checkpoints)
-    self.early_stopping = EarlyStopping(config, checkpoints)
-    self.extra = [action(self, config) for action in EXTRA_ACTIONS]
-    self.last_eval: dict = {}
-    self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
-
-  def end(self, result: dict | Exception) -> None:
-    """The run has ended with `result`: the metrics of its steps not yet recorded are dropped,
-    and none are added after (`LoopActions.dispatched`)."""
-    self.ended = result
-    self.interval.restart()
-
-  def save_on_stop(self, state, done: int, received: str) -> None:
-    """Saves step `done` (unless validation just did) and says how to resume."""
-    if self.checkpoints.latest_step() != done:
-      self.checkpoints.save(done, state)
-    log.info("%sReceived %s: saved a checkpoint at step %d in %s; run the same command to"
-             " resume.", self.label, received, done, self.workdir)
 
 
 class Due(NamedTuple):
@@ -210,47 +107,125 @@ class Due(NamedTuple):
   extra: bool = False  # One of EXTRA_ACTIONS.
 
 
-class LoopActions:
-  """The actions of the runs trained together (one, or a seed group's members) and what they
-  share: the progress bar and the compile log. As a context, it closes them and restores the
-  signal handlers."""
+class RunActions:
+  """A run's actions: its metrics writer, interval, records, validation, checkpoints and
+  patience, called by `after_step` in their order. `own_state` and `own_metrics` read the
+  run's own out of what the train programs return, where they train several."""
 
-  def __init__(self, trainer, runs: list[tuple[Checkpoints, Path]], start: int):
-    self.progress, self.runs = Progress(start, trainer.config.train.num_steps), []
+  label = ""  # Before the run's lines where several train together.
+
+  def __init__(self, trainer, checkpoints: Checkpoints, workdir: Path, start: int,
+               progress: Progress, compile_log: CompileLog):
+    config = trainer.config
+    self.checkpoints, self.workdir = checkpoints, workdir
+    self.num_steps, self.compile_log = config.train.num_steps, compile_log
+    self.writer = MetricsWriter(workdir, start)
+    compile_log.writers.append(self.writer)
+    self.interval = Interval(self.own_metrics)
+    self.check_finite = TerminateOnNonFinite(self.interval, checkpoints)
+    self.train_log = TrainLog(config.train, self.writer, progress, self.interval)
+    self.validate = ValidateAndSave(trainer, checkpoints, self.writer, progress,
+                                    self.interval, self.label)
+    self.save_every = config.checkpoint.every_steps  # Periodic checkpoints (0: none).
+    self.early_stopping = claim.EarlyStopping(config, checkpoints)
+    self.extra = [action(self, config) for action in EXTRA_ACTIONS]
+    self.last_eval: dict = {}
+    self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
+
+  def own_state(self, state):
+    return state
+
+  def own_metrics(self, metrics: dict) -> dict:
+    return metrics
+
+  @property
+  def training(self) -> bool:
+    return self.ended is None
+
+  @property
+  def results(self) -> list[dict | Exception]:
+    """What the run returns: its last validation metrics, or how it ended."""
+    return [self.ended if self.ended is not None else self.last_eval]
+
+  def due(self, done: int) -> Due:
+    """Which of the actions on an interval are due after `done`."""
+    return Due(self.train_log.due(done), self.validate.due(done),
+               bool(self.save_every) and done % self.save_every == 0,
+               any(action.due(done) for action in self.extra))
+
+  def dispatched(self, metrics: dict, size: int) -> None:
+    """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
+    if self.training:  # A run that has ended gathers nothing.
+      self.interval.add(metrics, size)
+
+  def after_step(self, state, done: int, due: Due, stopping: str | None) -> None:
+    """The actions after step `done` (`state`: what the train programs returned): the
+    divergence check, the train record, validation (or a periodic checkpoint), patience,
+    those of EXTRA_ACTIONS; at a `stopping` signal, a checkpoint and the end."""
+    if any(due) or stopping:
+      self.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
+    if due.train_record:
+      self.train_log(done)
+    if due.validation:
+      self.compile_log.before_validation(done)  # Once, before the first run's validation.
+      self.last_eval = self.validate(self.own_state(state), done)  # With a checkpoint.
+      if self.early_stopping.exhausted(done) and done < self.num_steps:
+        log.info("%s%s", self.label, self.early_stopping.message(done))
+        self.end({**self.last_eval, "early_stopped": True})
+    elif due.checkpoint:  # Kept by the LatestN policy only (avg:N), written in the background.
+      self.checkpoints.save(done, self.own_state(state), wait=False)
+    for action in self.extra if due.extra else []:
+      if action.due(done):
+        action(self.own_state(state), done)
+    if stopping and done < self.num_steps and self.training:
+      self.save_on_stop(self.own_state(state), done, stopping)
+      self.end({**self.last_eval, "step": done, "interrupted": stopping})
+
+  def end(self, result: dict | Exception) -> None:
+    """The run has ended with `result`: the metrics of its steps not yet recorded are dropped,
+    and none are added after (`dispatched`)."""
+    self.ended = result
+    self.interval.restart()
+
+  def save_on_stop(self, state, done: int, received: str) -> None:
+    """Saves step `done` (unless validation just did) and says how to resume."""
+    if self.checkpoints.latest_step() != done:
+      self.checkpoints.save(done, state)
+    log.info("%sReceived %s: saved a checkpoint at step %d in %s; run the same command to"
+             " resume.", self.label, received, done, self.workdir)
+
+  def close(self) -> None:
+    self.writer.close()
+
+
+class LoopActions:
+  """What the loop drives: `run` (a `RunActions`, or an object with its interface that fans
+  out to several runs' own), built by `make_run(progress, compile_log)`, and what they share:
+  the progress bar, the compile log and the stop signals. As a context, it closes them and
+  restores the signal handlers."""
+
+  def __init__(self, trainer, start: int, make_run):
+    self.progress, self.run = Progress(start, trainer.config.train.num_steps), None
+    self.compile_log = CompileLog(trainer, self.progress)
     try:
-      for i, (checkpoints, workdir) in enumerate(runs):
-        self.runs.append(RunActions(trainer, checkpoints, workdir, start, self.progress,
-                                    None if trainer.seeds is None else i))
-      self.compile_log = CompileLog(trainer, [run.writer for run in self.runs], self.progress)
-      self.stop = AgreedStop()  # Last: from here, signals are recorded.
+      self.run = make_run(self.progress, self.compile_log)
+      # Last: from here, SIGINT/SIGTERM are recorded, and every process stops after one step.
+      self.stop = signals.StopSignals()
     except BaseException:
       self._close()
       raise
 
-  @property
-  def training(self) -> list[tuple[int, RunActions]]:
-    """The runs that have not ended, with their member index."""
-    return [(i, run) for i, run in enumerate(self.runs) if run.ended is None]
-
   def dispatched(self, metrics: dict, size: int = 1) -> None:
     """A call of `size` train steps was dispatched; `metrics` are its (future) metrics."""
-    for _, run in self.training:  # A member that has ended gathers nothing.
-      run.interval.add(metrics, size)
+    self.run.dispatched(metrics, size)
     self.progress.dispatched(metrics, size)
-
-  def due(self, done: int) -> "Due":
-    """Which of the actions on an interval are due after `done` (the same for every run
-    trained together: they share the config's intervals)."""
-    run = self.runs[0]
-    return Due(run.train_log.due(done), run.validate.due(done), run.periodic_save.due(done),
-               any(action.due(done) for action in run.extra))
 
   def next_boundary(self, step: int, within: int) -> int:
     """The first step after `step`, at most `step + within`, at which an action is due (a
     train record, validation, a periodic checkpoint; the last step is a record's): no call of
     several steps runs past it."""
     for done in range(step + 1, step + within):
-      if any(self.due(done)):
+      if any(self.run.due(done)):
         return done
     return step + within
 
@@ -258,10 +233,10 @@ class LoopActions:
     return self
 
   def __exit__(self, *exc_info) -> None:
-    self.stop.signals.restore()
+    self.stop.restore()
     self._close()
 
   def _close(self) -> None:  # The progress bar and every run's metrics writer.
     self.progress.close()
-    for run in self.runs:
-      run.writer.close()
+    if self.run is not None:
+      self.run.close()

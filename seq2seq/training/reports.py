@@ -9,15 +9,13 @@ import jax
 import ml_collections
 import tqdm
 
+from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runs.train_state import learning_rate_schedule
 from seq2seq.runtime import compiling
-from seq2seq.training.metrics_writer import MetricsWriter
 
 log = logging.getLogger("seq2seq")
 
-MAX_STEPS_AHEAD = 2  # Train calls (of config.train.steps_per_call steps) dispatched but not
-# finished, at most.
-
+MAX_STEPS_AHEAD = 2  # Train calls dispatched but not finished, at most.
 
 
 def due_every(steps: int, done: int, num_steps: int) -> bool:
@@ -27,10 +25,10 @@ def due_every(steps: int, done: int, num_steps: int) -> bool:
 
 class Interval:
   """The steps since the last train record: their metrics, and when their training began.
-  A seed group's member (`member`: its index) reads its own of the group's stacked metrics."""
+  `view` picks the run's own metrics out of what a train call returns (`RunActions`)."""
 
-  def __init__(self, member: int | None = None):
-    self.member = member
+  def __init__(self, view):
+    self.view = view
     self.restart()
 
   def restart(self) -> None:
@@ -44,9 +42,8 @@ class Interval:
     """Per step, the metrics of the calls not yet checked, fetched to the host once: they
     stay there (`metrics`, every step's since the record) for the log."""
     fetched = []
-    for metrics, size in jax.device_get(self.calls):  # One transfer, however many members.
-      if self.member is not None:
-        metrics = {k: v[self.member] for k, v in metrics.items()}
+    for metrics, size in jax.device_get(self.calls):  # One transfer for them all.
+      metrics = self.view(metrics)
       fetched += [metrics] if size == 1 else [{k: v[i] for k, v in metrics.items()}
                                               for i in range(size)]
     self.calls = []
@@ -128,8 +125,9 @@ class CompileLog:
   whether the persistent cache held it. Waiting for programs compiled in the background is
   one line, and only where they are not ready when needed."""
 
-  def __init__(self, trainer, writers: list[MetricsWriter], progress: Progress):
-    self.trainer, self.writers, self.progress = trainer, writers, progress  # A writer per run.
+  def __init__(self, trainer, progress: Progress):
+    self.trainer, self.progress = trainer, progress
+    self.writers: list[MetricsWriter] = []  # A writer per run: each `RunActions` adds its own.
     self.validation_recorded = False
 
   def _say(self, line: str) -> None:
