@@ -70,6 +70,15 @@ def test_length_buckets_score_each_bucket_alone():
 
 
 @pytest.mark.slow
+def test_training_minutes_add_up_every_resumed_segment():
+  """train_minutes sums each train record's interval (its tokens over its throughput), so a
+  run resumed twice counts all three segments, not the last one's clock."""
+  records = [{"step": 50, "tokens_per_step": 1000.0, "tokens_per_sec": 500.0},  # 100 s
+             {"step": 100, "tokens_per_step": 2000.0, "tokens_per_sec": 1000.0},  # 100 s
+             {"step": 150, "tokens_per_step": 1000.0, "tokens_per_sec": 250.0}]  # 200 s
+  assert comparison._train_seconds(records) == pytest.approx(400.0)
+
+
 def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2

@@ -186,9 +186,18 @@ def _training_record(workdir: Path) -> dict:
   val = [r for r in records if r["split"] != "train" and "bleu" in r]
   if not val:
     raise UserError(f"{workdir} has no validation result yet; train it first.")
-  return {"steps": val[-1]["step"], "train_minutes": val[-1]["train_wall_seconds"] / 60,
+  return {"steps": val[-1]["step"], "train_minutes": _train_seconds(train) / 60,
           "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in train),
           "curve": [(r["step"], r["bleu"], r["loss"]) for r in val]}
+
+
+def _train_seconds(train: list[dict]) -> float:
+  """The seconds the train steps took, summed over the run's train records (each interval's
+  tokens over its throughput, validation left out): across every resume, where the
+  validation records' `train_wall_seconds` count from the last one."""
+  before = [0] + [r["step"] for r in train[:-1]]
+  return sum(r["tokens_per_step"] * (r["step"] - last) / r["tokens_per_sec"]
+             for r, last in zip(train, before, strict=True) if r["tokens_per_sec"])
 
 
 def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:
