@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import io
 import json
 import logging
 import math
@@ -11,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 
 import jax
 import jax.numpy as jnp
@@ -563,11 +565,15 @@ def test_a_checkpoint_of_the_code_before_resumes_to_the_same_parameters(tmp_path
   the training code was rewritten go on with the same numerics."""
   before = tmp_path / "before"
   before.mkdir()
-  archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "seq2seq"],
-                           capture_output=True)
+  try:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "seq2seq"],
+                             capture_output=True)
+  except FileNotFoundError:
+    pytest.skip("git is not installed: the code before cannot be read")
   if archive.returncode:
     pytest.skip(f"this clone lacks commit {BEFORE}: {archive.stderr.decode().strip()}")
-  subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+  with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+    tar.extractall(before, filter="data")
   (before / "data").symlink_to(ROOT / "data")  # The bundled Multi30k, where the code looks.
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2  # Checkpoints at 2 and 4.
