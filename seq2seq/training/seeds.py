@@ -63,13 +63,13 @@ class SeedGroup(Trainer):
   def _vectorized(self, step_function):
     return jax.vmap(step_function)
 
+  def _new_dropout_key(self):
+    return jax.vmap(jax.random.key)(jnp.asarray(self.seeds, jnp.int32))
+
   def _make_state(self) -> None:
     super()._make_state()
-    seeds = jnp.asarray(self.seeds, jnp.int32)
     self.state_sharding = jax.tree.map(lambda s: NamedSharding(self.mesh, P(None, *s.spec)),
                                        self.run_sharding)
-    self.dropout_key = jax.jit(lambda: jax.vmap(jax.random.key)(seeds),
-                               out_shardings=self.replicated)()
     # The members one after another inside the program, not vmapped: XLA:CPU (jaxlib 0.10.2)
     # never finished the vmapped initialization of the RNN recipe's group (it waited forever).
     self.init_state = jax.jit(

@@ -65,8 +65,8 @@ def local_batches(batches: batching.TrainBatches, step: int, size: int) -> dict:
 class Trainer:
   """Everything a run needs, built once: data, model, compiled steps, mesh. The train
   programs' inputs are one run's; `seeds.SeedGroup` stacks several through the methods that
-  make them (`_input_sharding`, `_input_shape`, `_local_input`, `_vectorized`, `_make_state`).
-  """
+  make them (`_input_sharding`, `_input_shape`, `_local_input`, `_vectorized`,
+  `_new_dropout_key`, `_make_state`)."""
 
   label = ""  # After the train programs' names: what they train, where that is not one run.
 
@@ -136,10 +136,12 @@ class Trainer:
     # One run's state: what validation and the checkpoints read (and, for one run, train).
     self.run_abstract = with_shardings(abstract, self.run_sharding)
     self.state_sharding, self.abstract_state = self.run_sharding, self.run_abstract
-    self.dropout_key = jax.jit(lambda: jax.random.key(config.train.seed),
-                               out_shardings=self.replicated)()
+    self.dropout_key = jax.jit(self._new_dropout_key, out_shardings=self.replicated)()
     self.init_state = jax.jit(lambda: self._init(config.train.seed),
                               out_shardings=self.run_sharding)
+
+  def _new_dropout_key(self):  # The train programs' (folded with each step inside them).
+    return jax.random.key(self.config.train.seed)
 
   def _init(self, seed) -> TrainState:
     """A new train state: the model initialized from `seed` (an int, or a key)."""
