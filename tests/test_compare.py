@@ -69,7 +69,6 @@ def test_length_buckets_score_each_bucket_alone():
   assert buckets[3]["bleu"] == pytest.approx(0.0)
 
 
-@pytest.mark.slow
 def test_training_minutes_add_up_every_resumed_segment():
   """train_minutes sums each train record's interval (its tokens over its throughput), so a
   run resumed twice counts all three segments, not the last one's clock."""
@@ -97,10 +96,17 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   with open(out / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
   assert list(table[0]) == ["run", "model.num_heads", "train.seed", "parameters", "steps",
-                            "train_minutes", "tokens_per_sec", "val_bleu", "val_chrf",
-                            "val_bleu_ci95", "val_p_value", "extra_bleu", "extra_chrf",
-                            "extra_bleu_ci95", "extra_p_value"]
+                            "train_minutes", "tokens_per_sec", "val_bleu", "val_bleu_lc",
+                            "val_chrf", "val_bleu_ci95", "val_p_value", "extra_bleu",
+                            "extra_bleu_lc", "extra_chrf", "extra_bleu_ci95", "extra_p_value"]
   assert table[0]["run"] == "num_heads-2_seed-0" and rows[0]["extra_p_value"] is None
+  references = ref.read_text(encoding="utf-8").splitlines()
+  for row in rows:  # Lowercase BLEU is sacreBLEU's -lc of the hypotheses the row scored.
+    hyp = next((root / row["run"] / "eval" / "compare").glob("extra.*.hyp"))
+    hypotheses = hyp.read_text(encoding="utf-8").splitlines()
+    assert row["extra_bleu_lc"] == pytest.approx(
+        BLEU(lowercase=True).corpus_score(hypotheses, [references]).score)
+  assert "case:lc" in (out / "comparison.md").read_text()
   with open(out / "seeds.csv", encoding="utf-8") as f:
     seeds = list(csv.DictReader(f))
   assert [(s["model.num_heads"], s["seeds"]) for s in seeds] == [("2", "2"), ("4", "2")]
@@ -224,7 +230,8 @@ def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
   """comparison.md's cells escape `|` (and fold line breaks): a run named a|b is one cell."""
   from seq2seq.compare import report
 
-  rows = [{"run": "a|b", "bleu_signature": "sig", "test_bleu": 12.345},
+  rows = [{"run": "a|b", "bleu_signature": "sig", "bleu_lc_signature": "lc",
+           "test_bleu": 12.345},
           {"run": "c\nd", "bleu_signature": "sig", "test_bleu": None}]
   report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10)
   table = [line for line in (tmp_path / "comparison.md").read_text().splitlines()

@@ -7,7 +7,7 @@ Evaluates each run's best checkpoint on val, --split and every --test_set with
 beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
 seq2seq-evaluate takes them) and writes comparison.md, comparison.csv
 (columns: the config fields that differ between the runs, then per set BLEU,
-chrF, a 95% interval and the paired bootstrap p-value), seeds.csv (when runs
+lowercase BLEU, chrF, a 95% interval and the paired bootstrap p-value), seeds.csv (when runs
 differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
 length.png, bleu.png, curves.png and attention.png to --out (default: the first
 run's parent directory). Runs are named by their path below the runs' common

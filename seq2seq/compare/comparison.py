@@ -97,8 +97,8 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
 
   Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
   each extra test set; the table's columns are the config fields that differ
-  between the runs, and per set its BLEU, chrF, 95% bootstrap interval and
-  paired-bootstrap p-value against the baseline. Runs are named by their path
+  between the runs, and per set its BLEU, lowercase BLEU, chrF, 95% bootstrap interval
+  and paired-bootstrap p-value against the baseline. Runs are named by their path
   below the runs' common parent (`run_names`).
   """
   runs = _runs(run_dirs, baseline, beam_size, alpha)
@@ -113,7 +113,8 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
   columns = ["run", *fields, *FIXED_COLUMNS] + [
-      f"{ts.name}_{c}" for ts in sets for c in ("bleu", "chrf", "bleu_ci95", "p_value")]
+      f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
+                                                  "p_value")]
   seeds = seed_aggregate(rows, fields, [ts.name for ts in sets], runs[0].name)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +238,9 @@ def _score(runs: list[_Run], fields: list[str], sets: list[TestSet], texts: dict
       scores, hyps[ts.name][run.name] = evaluation(run.workdir, ts, beam_size, alpha,
                                                    translator, texts[ts.name])
       row[f"{ts.name}_bleu"], row[f"{ts.name}_chrf"] = scores["bleu"], scores["chrf"]
+      row[f"{ts.name}_bleu_lc"] = scores["bleu_lowercase"]
       row["bleu_signature"] = scores["bleu_signature"]
+      row["bleu_lc_signature"] = scores["bleu_lowercase_signature"]
     rows.append(row)
   return rows, hyps, translators
 

@@ -123,14 +123,16 @@ def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
 
 def _agree(cached: dict, hyp_path: Path, hypotheses: list[str], references: list[str]) -> bool:
   """Whether a cached evaluation's scores are those of its .hyp, as written: the file is the
-  one scored, and the BLEU and chrF the comparison shows are its own (a file edited by hand
-  is evaluated again)."""
+  one scored, and the BLEU, lowercase BLEU and chrF the comparison shows are its own (a file
+  edited by hand is evaluated again)."""
   if "hyp_sha256" not in cached:
     reason = "written before cached scores were checked against their hypotheses"
   elif cached["hyp_sha256"] != _sha256(hyp_path.read_bytes()):
     reason = "its hypotheses are not the ones scored"
   else:
-    shown = {"bleu": bleu(hypotheses, references)["bleu"], "chrf": chrf(hypotheses, references)}
+    shown = {**bleu(hypotheses, references), **bleu(hypotheses, references, lowercase=True),
+             "chrf": chrf(hypotheses, references)}
+    shown = {name: value for name, value in shown.items() if not name.endswith("signature")}
     wrong = [name for name, value in shown.items()
              if not abs(value - cached.get(name, float("nan"))) <= 1e-6]
     if not wrong:

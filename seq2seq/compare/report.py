@@ -20,9 +20,10 @@ def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: lis
                  baseline: str, n_samples: int) -> None:
   """comparison.csv, comparison.md and, with `seeds`, seeds.csv."""
   _write_csv(out_dir / "comparison.csv", rows, columns)
-  lines = [f"Baseline: `{baseline}`. Per set: BLEU, chrF, the 95% bootstrap interval of BLEU and"
-           f" the paired bootstrap p-value against the baseline (sacreBLEU, {n_samples}"
-           f" resamples). {rows[0]['bleu_signature']}", "", *_markdown(rows, columns)]
+  lines = [f"Baseline: `{baseline}`. Per set: BLEU, lowercase BLEU (`bleu_lc`), chrF, the 95%"
+           f" bootstrap interval of BLEU and the paired bootstrap p-value against the baseline"
+           f" (sacreBLEU, {n_samples} resamples). {rows[0]['bleu_signature']}; lowercase"
+           f" {rows[0]['bleu_lc_signature']}", "", *_markdown(rows, columns)]
   if seeds:
     seed_columns = list(seeds[0])
     _write_csv(out_dir / "seeds.csv", seeds, seed_columns)

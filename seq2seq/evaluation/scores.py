@@ -11,11 +11,13 @@ import sacrebleu
 from seq2seq.data.textio import write_atomically, write_lines
 
 
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-  """sacreBLEU corpus BLEU against one reference per sentence, with its signature."""
-  metric = sacrebleu.metrics.BLEU()
+def bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> dict:
+  """sacreBLEU corpus BLEU against one reference per sentence, with its signature (`lowercase`:
+  case-insensitive, under the keys `bleu_lowercase` and `bleu_lowercase_signature`)."""
+  metric = sacrebleu.metrics.BLEU(lowercase=lowercase)
   score = metric.corpus_score(list(hypotheses), [list(references)])
-  return {"bleu": score.score, "bleu_signature": str(metric.get_signature())}
+  name = "bleu_lowercase" if lowercase else "bleu"
+  return {name: score.score, f"{name}_signature": str(metric.get_signature())}
 
 
 def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -26,9 +28,8 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
 def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   """BLEU, case-insensitive BLEU, chrF and TER, each with its sacreBLEU signature."""
   refs = [list(references)]
-  result = bleu(hypotheses, references)
-  for name, metric in (("bleu_lowercase", sacrebleu.metrics.BLEU(lowercase=True)),
-                       ("chrf", sacrebleu.metrics.CHRF()), ("ter", sacrebleu.metrics.TER())):
+  result = {**bleu(hypotheses, references), **bleu(hypotheses, references, lowercase=True)}
+  for name, metric in (("chrf", sacrebleu.metrics.CHRF()), ("ter", sacrebleu.metrics.TER())):
     result[name] = metric.corpus_score(list(hypotheses), refs).score
     result[f"{name}_signature"] = str(metric.get_signature())
   return result
