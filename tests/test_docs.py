@@ -52,7 +52,8 @@ def test_every_section_link_and_path_a_document_names_exists(doc):
 # --- Every command of the manual, run as written (shortened) -----------------------------------
 
 # The documents in the order a reader runs them: later ones use the runs earlier ones train.
-ORDER = ["README.md", "training.md", "evaluation.md", "recipe.md", "experiments.md",
+# experiments.md before recipe.md: the recipes' re-measured rows evaluate its sweeps' runs.
+ORDER = ["README.md", "training.md", "evaluation.md", "experiments.md", "recipe.md",
          "performance.md", "extending.md"]
 # Appended to every command that trains or measures a config: a seconds-scale model and data,
 # 6 steps with a checkpoint at each (so avg:5 and ensemble:5 have theirs), validation at 3, 6.
