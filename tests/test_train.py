@@ -128,8 +128,9 @@ def test_loss_equals_one_hot_softmax_cross_entropy(smoothing):
 
 
 @pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.
-def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
-  """Stopping after 3 steps and resuming to 6 gives the uninterrupted run's parameters."""
+def test_resume_continues_with_the_same_batches(tmp_path, tiny_config, monkeypatch):
+  """Stopping after 3 steps and resuming to 6 gives the uninterrupted run's parameters; the
+  resume restores into the state's shapes and initializes no state."""
   tiny_config.train.num_steps = 6
   tiny_config.eval.every_steps = 3
   tiny_config.train.log_every_steps = 1
@@ -140,7 +141,10 @@ def test_resume_continues_with_the_same_batches(tmp_path, tiny_config):
   tiny_config.train.num_steps = 3
   loop.train_and_evaluate(tiny_config, split)
   tiny_config.train.num_steps = 6
+  inits, new_state = [], Trainer.new_state
+  monkeypatch.setattr(Trainer, "new_state", lambda self: inits.append(1) or new_state(self))
   loop.train_and_evaluate(tiny_config, split)
+  assert not inits
 
   losses = lambda w: [(r["step"], r["loss"]) for r in read_metrics(w) if r["split"] == "train"]  # noqa: E731
   assert losses(split) == losses(whole)  # step 4 onwards: the same batches and dropout

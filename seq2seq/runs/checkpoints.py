@@ -208,7 +208,7 @@ class Checkpoints:
       time.sleep(0.05)
     return True
 
-  def restore_latest_good(self, like) -> tuple[int | None, object]:
+  def restore_latest_good(self, like, new=None) -> tuple[int | None, object]:
     """Restores the newest checkpoint that reads back, moving damaged newer ones aside.
 
     A checkpoint that fails to restore (a truncated or missing file) is moved to
@@ -216,8 +216,11 @@ class Checkpoints:
     warning names it and the step used instead. One whose parameters do not fit
     `like.params` (another config or vocabulary) stays where it is: `UserError`.
 
+    `like` may be abstract (`jax.ShapeDtypeStruct`s with shardings): nothing is computed to
+    restore into.
+
     Returns:
-      (step, state), or (None, `like`) when there is no checkpoint.
+      (step, state), or with no checkpoint (None, `new()`; `like` itself without `new`).
     """
     damaged = []
     for step in reversed(self.all_steps()):
@@ -241,7 +244,7 @@ class Checkpoints:
                       f" {', '.join(str(s) for s, _ in damaged)} are damaged and were moved to"
                       f" {self.directory.parent / workdirs.DAMAGED_CHECKPOINTS}); start a new"
                       " --workdir.")
-    return None, like
+    return None, like if new is None else new()
 
   def _move_aside(self, step: int) -> None:
     target = self.directory.parent / workdirs.DAMAGED_CHECKPOINTS / str(step)

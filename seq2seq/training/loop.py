@@ -50,7 +50,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       with claim.held():
         trainer = Trainer(config, claim.workdir)
         state, step = compile_and_restore(trainer, [claim], lambda: (
-            claim.checkpoints.restore_latest_good(trainer.new_state())))  # Or the new state.
+            claim.checkpoints.restore_latest_good(trainer.run_abstract, trainer.new_state)))
         return run_loop(trainer, state, step, lambda progress, compile_log: actions.RunActions(
             trainer, claim.checkpoints, claim.workdir, step, progress, compile_log))[0]
     finally:
