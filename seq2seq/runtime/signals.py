@@ -12,7 +12,9 @@ import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 
 from seq2seq.errors import handle_unraisable
 
@@ -89,9 +91,27 @@ def _redeliver_swallowed(unraisable) -> bool:
     return False
   name = str(unraisable.exc_value)
   if name in signal.Signals.__members__ and not interrupts_deferred():
-    # From another thread: the main thread's handler runs once this callback has returned.
-    threading.Timer(0.01, _thread.interrupt_main, [signal.Signals[name]]).start()
+    threading.Thread(target=_interrupt_main_outside_the_hook, daemon=True,
+                     args=(threading.main_thread().ident, signal.Signals[name])).start()
   return True
+
+
+def _interrupt_main_outside_the_hook(main: int, sig: signal.Signals) -> None:
+  """Raises `sig` in the main thread (thread id `main`) once it has left
+  `sys.unraisablehook`: raised inside the hook, it would be reported and dropped again. (A
+  timer of 10 ms fired inside the hook when the machine was busy.)"""
+  hook = getattr(sys.unraisablehook, "__code__", None)
+  while hook is not None and _running(main, hook):
+    time.sleep(0.005)
+  _thread.interrupt_main(sig)
+
+
+def _running(thread: int, code) -> bool:
+  """Whether `code` is on the stack of the thread whose id is `thread`."""
+  frame = sys._current_frames().get(thread)  # noqa: SLF001 (no public way to look)
+  while frame is not None and frame.f_code is not code:
+    frame = frame.f_back
+  return frame is not None
 
 
 def _interrupt(signum, frame):
