@@ -58,7 +58,8 @@ def _forced(params, src, tgt_in, out, *, graphdef):
   """Every attention of one sentence (`src`, `tgt_in`: [1, n]) by kind, `[layers, heads,
   queries, keys]` (`Seq2SeqModel.attention_weights`), and the log-probability of each subword
   of `out` (`[1, n]`, `tgt_in` shifted left) after the ones before it, as the searches
-  compute it: `[tgt_len]`."""
+  compute it: `[tgt_len]`. The two calls are one pass in the program: XLA merges them (the
+  test `test_the_forced_program_runs_the_model_once` measures it)."""
   model = nnx.merge(graphdef, params)
   log_probs = jax.nn.log_softmax(model.decode(model.encode(src), tgt_in)[0].astype(jnp.float32))
   return ({kind: weights[:, 0] for kind, weights in
