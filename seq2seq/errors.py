@@ -6,6 +6,7 @@ and exits with status 2; anything else that escapes is a bug in seq2seq.
 """
 
 import errno
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -51,6 +52,17 @@ def file_fault(error: BaseException) -> UserError | None:
              else "make it writable, or pass a path you may write")
       return UserError(f"{e.strerror or os.strerror(e.errno)}{where}; {fix}.")
   return None
+
+
+def require_extra(extra: str, command: str, modules: tuple[str, ...]) -> None:
+  """Imports `modules`, the optional extra `extra`'s that `command` needs: one that is not
+  installed is the user's to install, in one line, before the command does any work."""
+  for module in modules:
+    try:
+      importlib.import_module(module)
+    except ModuleNotFoundError as error:
+      raise UserError(f"{command} needs the [{extra}] extra ({error.name or module} is not"
+                      f" installed); install it with pip install -e \".[{extra}]\".") from None
 
 
 def handle_unraisable(handled: Callable[[object], bool], marker: str) -> None:

@@ -741,7 +741,17 @@ COMMANDS = [
      ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/in.en"],
      "--output={tmp}/in.en is --input={tmp}/in.en: writing it would replace the input; pass"
      " another output file."),
+    ("serve.py, without the [serve] extra", ["serve.py", "--workdir={run}"],
+     "seq2seq-serve needs the [serve] extra (fastapi is not installed); install it with pip"
+     " install -e \".[serve]\"."),
+    ("benchmark.py --mode=serve, without the [serve] extra",
+     ["benchmark.py", "--mode=train,serve", "--workdir={run}"],
+     "seq2seq-benchmark --mode=serve needs the [serve] extra (httpx is not installed); install"
+     " it with pip install -e \".[serve]\"."),
 ]
+# Modules made missing for a command (`sitecustomize` below): an optional extra not installed.
+MISSING = {"serve.py, without the [serve] extra": "fastapi",
+           "benchmark.py --mode=serve, without the [serve] extra": "httpx"}
 FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"},
          "translate.py, --top_k without --sample": {"in.en": b"A dog.\n"},
          "translate.py, the output is the input": {"in.en": b"A dog.\n"}}
@@ -752,15 +762,20 @@ def commands(run, tmp_path_factory):
   """The state of the run, and every command of COMMANDS, started at once (each spends its
   time importing): {id: (its process, its directory)}."""
   before = state(run)
+  hide = tmp_path_factory.mktemp("hide")  # Python imports its sitecustomize at start-up.
+  (hide / "sitecustomize.py").write_text(
+      "import os, sys\nsys.modules[os.environ['HIDE']] = None  # import raises\n")
   started = {}
   for name, (script, *args), _ in COMMANDS:
     tmp = tmp_path_factory.mktemp("command")
     for file, data in FILES.get(name, {}).items():
       (tmp / file).write_bytes(data)
     args = [a.format(run=run, tmp=tmp, tiny=ROOT / "configs" / "tiny.py") for a in args]
+    env = (dict(ENV, PYTHONPATH=f"{hide}{os.pathsep}{ENV['PYTHONPATH']}", HIDE=MISSING[name])
+           if name in MISSING else ENV)
     started[name] = subprocess.Popen([sys.executable, str(ROOT / "scripts" / script), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=ENV), tmp
+                                     env=env), tmp
   yield before, started
   for process, _ in started.values():
     process.kill()

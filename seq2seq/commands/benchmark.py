@@ -47,8 +47,9 @@ import json
 from absl import flags
 
 from seq2seq.commands.cli import define_config_flag, run_main
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, require_extra
 from seq2seq.performance import benchmark, startup
+from seq2seq.serve import EXTRA as SERVE_EXTRA
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
                           " padding, compile, calls, seeds, saves, recurrence (these six of"
@@ -115,6 +116,10 @@ def main(argv):
 
 
 def _measure() -> None:
+  if "serve" in _MODE.value:  # Before the other modes spend their minutes.
+    if _WORKDIR.value is None:
+      raise UserError("--mode=serve measures a trained run's server; pass --workdir=RUN.")
+    require_extra("serve", "seq2seq-benchmark --mode=serve", (*SERVE_EXTRA, "httpx"))
   sizes = dict(layers=_LAYERS.value, dim=_DIM.value, heads=_HEADS.value, mlp=_MLP.value,
                vocab=_VOCAB.value)
   if "train" in _MODE.value:
@@ -159,8 +164,6 @@ def _startup(modes: list[str]) -> None:
 
 
 def _serve() -> None:
-  if _WORKDIR.value is None:
-    raise UserError("--mode=serve measures a trained run's server; pass --workdir=RUN.")
   from seq2seq.performance import serving  # The [serve] extra.
 
   for result in serving.serve_benchmark(_WORKDIR.value, _CHECKPOINT.value,

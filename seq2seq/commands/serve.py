@@ -23,7 +23,8 @@ import time
 from absl import flags
 
 from seq2seq.commands.cli import run_main
-from seq2seq.errors import UserError
+from seq2seq.errors import UserError, require_extra
+from seq2seq.serve import EXTRA as SERVE_EXTRA
 
 _WORKDIR = flags.DEFINE_list("workdir", None, "Runs to serve (comma-separated workdirs).",
                              required=True)
@@ -93,6 +94,7 @@ def main(argv):
   del argv
 
   def serve():
+    require_extra("serve", "seq2seq-serve", SERVE_EXTRA)
     for name, flag in (("batch_size", _BATCH), ("max_lines", _MAX_LINES),
                        ("max_chars", _MAX_CHARS)):
       if flag.value < 1:

@@ -4,3 +4,7 @@ OpenAPI page and the attention explorer's page (`app`, `static/`, every file loc
 
 May import: shared, runtime, data, models, runs, decoding, compare.
 """
+
+# The modules of the [serve] extra that `app` imports (pydantic and starlette come with
+# fastapi): commands check them before they start (`errors.require_extra`).
+EXTRA = ("fastapi", "uvicorn", "swagger_ui_bundle")
