@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from seq2seq.decoding import search  # noqa: E402
 from seq2seq.decoding.alignment import _forced, alignment  # noqa: E402
 from seq2seq.decoding.translator import Translator  # noqa: E402
 from seq2seq.models import build_model  # noqa: E402
+from seq2seq.performance.serving import clients_per_thread  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
 from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
 from seq2seq.serve.engine import Engine, Limits, ServedRun  # noqa: E402
@@ -407,24 +407,14 @@ def test_32_concurrent_clients_get_every_answer_right(engine, runs, names):
                       strict=True))
   rng = np.random.default_rng(0)
   requests = [list(rng.choice(SENTENCES, size=rng.integers(1, 4))) for _ in range(500)]
-  import httpx
+  with (serving_in_background(create_app(engine)) as url,
+        clients_per_thread(url, timeout=120) as client):
+    def ask(lines):
+      answer = client().post("/translate", json={"text": lines, "run": names[0], "beam": 1})
+      return answer.status_code, answer.json()
 
-  local, clients = threading.local(), []
-
-  def ask(lines):
-    if not hasattr(local, "http"):
-      local.http = httpx.Client(base_url=url, timeout=120)
-      clients.append(local.http)
-    answer = local.http.post("/translate", json={"text": lines, "run": names[0], "beam": 1})
-    return answer.status_code, answer.json()
-
-  with serving_in_background(create_app(engine)) as url:
-    try:
-      with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(ask, requests))
-    finally:
-      for http in clients:
-        http.close()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+      answers = list(pool.map(ask, requests))
   assert [status for status, _ in answers] == [200] * len(requests)
   assert [body["translations"] for _, body in answers] == [
       [expected[line] for line in lines] for lines in requests]

@@ -8,6 +8,7 @@ of the run's test split.
 """
 
 import concurrent.futures
+import contextlib
 import statistics
 import threading
 import time
@@ -34,6 +35,27 @@ def _sentences(run: ServedRun, count: int) -> list[str]:
   return [fits[i % len(fits)] for i in range(count)]
 
 
+@contextlib.contextmanager
+def clients_per_thread(url: str, timeout: float):
+  """Yields a function that returns the calling thread's own `httpx.Client` for `url`, and
+  closes them all after: each thread one client with one connection, as separate clients
+  have (one Client shared by threads can close a connection another thread was just handed:
+  EBADF)."""
+  local, made = threading.local(), []
+
+  def client() -> httpx.Client:
+    if not hasattr(local, "http"):
+      local.http = httpx.Client(base_url=url, timeout=timeout)
+      made.append(local.http)
+    return local.http
+
+  try:
+    yield client
+  finally:
+    for http in made:
+      http.close()
+
+
 def _timed_post(http: httpx.Client, sentence: str) -> tuple[float, bool]:
   start = time.perf_counter()
   answer = http.post("/translate", json={"text": [sentence]})
@@ -56,20 +78,11 @@ def serve_benchmark(workdir: str | Path, checkpoint: str = "best", *, beam: int 
       with httpx.Client(base_url=url, timeout=600) as http:
         _timed_post(http, sentences[0])  # The first request sets up the connection.
         alone = [_timed_post(http, s) for s in sentences[:single]]
-      local, connections = threading.local(), []
-
-      def ask(sentence):  # Each client thread keeps its own connection.
-        if not hasattr(local, "http"):
-          local.http = httpx.Client(base_url=url, timeout=600)
-          connections.append(local.http)
-        return _timed_post(local.http, sentence)
-
-      start = time.perf_counter()
-      with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        loaded = list(pool.map(ask, sentences))
-      seconds = time.perf_counter() - start
-      for http in connections:
-        http.close()
+      with clients_per_thread(url, timeout=600) as client:
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+          loaded = list(pool.map(lambda sentence: _timed_post(client(), sentence), sentences))
+        seconds = time.perf_counter() - start
   finally:
     engine.close()
   translator = Translator(workdir, checkpoint, beam_size=beam)
