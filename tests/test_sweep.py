@@ -83,8 +83,8 @@ def test_compare_writes_table_and_pictures(swept):
   with open(root / "report" / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
   assert list(table[0]) == ["run", "model.attention", "parameters", "steps", "train_minutes",
-                            "tokens_per_sec", "val_bleu", "val_chrf", "val_bleu_ci95",
-                            "val_p_value"]
+                            "tokens_per_sec", "val_bleu", "val_bleu_lc", "val_chrf",
+                            "val_bleu_ci95", "val_p_value"]
   assert [r["run"] for r in table] == ["attention-scaled_dot", "attention-dot"]
   assert [r["model.attention"] for r in table] == ["scaled_dot", "dot"]
   assert rows[0]["val_p_value"] is None  # the baseline itself
