@@ -257,3 +257,18 @@ def test_characters_the_font_lacks_are_one_line_per_picture(tmp_path, caplog):
   assert lines == [f"{tmp_path / 'b.png'}: 6 characters are not in matplotlib's font"
                    " (日本語の実行) and show as boxes."]
   assert (tmp_path / "b.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("runs, grid", [(2, (1, 2)), (4, (2, 2)), (6, (2, 3)), (9, (3, 3))])
+def test_attention_pictures_wrap_into_a_grid(tmp_path, runs, grid):
+  """Nine runs' attention in one row made a picture 4,536 pixels wide; the panels now wrap
+  into about as many rows as columns, and each panel keeps its size."""
+  import matplotlib.image
+
+  from seq2seq.evaluation import plots
+
+  weights = [[0.25] * 4] * 3
+  panels = [(f"run-{i}", weights, list("abcd"), list("xyz")) for i in range(runs)]
+  height, width = matplotlib.image.imread(
+      plots.attention_side_by_side(panels, tmp_path / "a.png")).shape[:2]
+  assert (round(height / (4.4 * 120)), round(width / (4.2 * 120))) == grid

@@ -1,6 +1,7 @@
 """Pictures: attention heatmaps, BLEU comparisons and training curves."""
 
 import logging
+import math
 import re
 import warnings
 from collections.abc import Sequence
@@ -98,9 +99,14 @@ def length_chart(lines: dict[str, Sequence[tuple[str, float | None]]], path: str
 
 def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str],
                                                   Sequence[str]]], path: str | Path) -> Path:
-  """One heatmap per run: `(name, weights [tgt_len, src_len], src tokens, tgt tokens)`."""
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False)
-  for ax, (name, weights, src, tgt) in zip(axes[0], panels, strict=True):
+  """One heatmap per run: `(name, weights [tgt_len, src_len], src tokens, tgt tokens)`, in a
+  grid of about as many rows as columns, so that nine runs read as 3 x 3, not one long row."""
+  cols = math.ceil(math.sqrt(len(panels)))
+  rows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.set_axis_off()
+  for ax, (name, weights, src, tgt) in zip(axes.flat[:len(panels)], panels, strict=True):
     ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(src)), src, rotation=90, fontsize=6)
     ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
