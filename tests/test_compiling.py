@@ -3,6 +3,8 @@
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import threading
 import warnings
 import zlib
@@ -19,7 +21,7 @@ from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate
 from seq2seq.runtime import compiling
 from seq2seq.training import loop, reports, steps
-from tests.helpers import fast_tiny_config
+from tests.helpers import ENV, fast_tiny_config
 
 OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_enable_xla_caches")
@@ -343,3 +345,40 @@ def test_an_evaluation_pads_to_the_grid(run, fresh_cache):
   assert min(lengths) <= 8 and 16 < max(lengths) <= 24
   assert counts.compiled["jit(search_fn)"] == 3  # Sorted by length: batches of 8, 16, 24.
   assert set(translator._search._futures) == {(4, 8), (4, 16), (4, 24)}
+
+
+# A command whose run ended while a program was still compiling in the background (a run
+# stopped by SIGTERM, patience, or an error). The program's lowering blocks for 10 minutes.
+_ENDS_WHILE_COMPILING = """
+import sys, time
+import numpy as np
+from seq2seq.commands import cli
+from seq2seq.errors import UserError
+from seq2seq.runtime import compiling
+
+class Slow:
+  def lower(self, *args):
+    time.sleep(600)
+
+def run():
+  compiling.Programs("evaluation search", Slow()).add(np.zeros(3), background=True)
+  assert compiling.unfinished() == 1
+  if sys.argv[1] == "error":
+    raise UserError("the run failed")
+  print("trained")
+
+cli.run_main(run)
+"""
+
+
+@pytest.mark.parametrize("ending, status, said", [("return", 0, "trained"),
+                                                  ("error", 2, "error: the run failed")])
+def test_a_command_exits_without_waiting_for_background_compiles(tmp_path, ending, status,
+                                                                 said):
+  # On a GPU, the process of a run stopped by SIGTERM lingered 150 s after its checkpoint,
+  # until XLA had compiled its evaluation searches, which nothing would run.
+  done = subprocess.run([sys.executable, "-c", _ENDS_WHILE_COMPILING, ending], env={
+      **ENV, "JAX_COMPILATION_CACHE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                        timeout=90)
+  assert done.returncode == status, done.stderr[-2000:]
+  assert said in done.stdout + done.stderr

@@ -92,7 +92,18 @@ def _user_error(error: Exception, verbose: bool) -> None:
   if verbose:
     traceback.print_exception(error)
   print(f"error: {_one_line(error)}", file=sys.stderr)
-  sys.exit(2)
+  _exit(2)
+
+
+def _exit(status: int) -> None:
+  """Exits with `status`. Programs still compiling in the background (a run stopped early)
+  would hold the interpreter's exit until XLA has finished them, minutes on a GPU, and the
+  interpreter's shutdown can crash under their native threads: then leave at once."""
+  if not compiling.unfinished():
+    sys.exit(status)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
 
 
 def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
@@ -114,6 +125,8 @@ def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written wa
   try:
     compiling.enable_cache()
     fn()
+    if compiling.unfinished():  # (Else return: absl exits 0.)
+      _exit(0)
   except UserError as e:
     _user_error(e, _verbose())
   except Exception as e:  # A full disk or a read-only path, wherever the write was.

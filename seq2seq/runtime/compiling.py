@@ -276,6 +276,7 @@ def default_threads() -> int:
 
 
 _POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_UNFINISHED: set[concurrent.futures.Future] = set()  # Submitted, neither done nor cancelled.
 
 
 def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -330,7 +331,9 @@ class Programs:
       start = time.perf_counter()
       lowered = self._jitted.lower(*args)
       task = (_compile, key, lambda: lowered, self.options, time.perf_counter() - start)
-    self._futures[key] = _pool(self._threads).submit(*task)
+    self._futures[key] = future = _pool(self._threads).submit(*task)
+    _UNFINISHED.add(future)
+    future.add_done_callback(_UNFINISHED.discard)
 
   def __len__(self) -> int:
     return len(self._futures)
@@ -355,6 +358,11 @@ class Programs:
       raise KeyError(f"{self.name} was not compiled for {self._key(*args)}; only for"
                      f" {list(self._futures)}")
     return future.result().executable(*args)
+
+
+def unfinished() -> int:
+  """Programs still compiling, or waiting to, on the pools: at exit, Python would wait."""
+  return len(_UNFINISHED)
 
 
 def kinds(groups: list[Programs]) -> str:
