@@ -2,10 +2,13 @@
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
+import types
 import warnings
 import zlib
 
@@ -382,3 +385,20 @@ def test_a_command_exits_without_waiting_for_background_compiles(tmp_path, endin
                         timeout=90)
   assert done.returncode == status, done.stderr[-2000:]
   assert said in done.stdout + done.stderr
+
+
+def test_the_compiled_line_counts_the_seconds_until_the_programs_are_ready():
+  # The line's seconds were taken before it waited for the programs: a train step that took
+  # 118 s on a GPU was reported compiled "in 24.7 s", the time the checkpoints took to read.
+  class Slow:
+    def lower(self, *args):
+      time.sleep(0.5)
+      return types.SimpleNamespace(compile=lambda compiler_options=None: "executable")
+
+  programs = compiling.Programs("train step", Slow())
+  start = time.perf_counter()
+  programs.add(np.zeros(3), background=True)
+  line = compiling.report([programs], start)
+  seconds = float(re.fullmatch(r"Compiled 1 program \(1 train step\) in ([\d.]+) s; none from"
+                               r" the compilation cache\.", line)[1])
+  assert programs.wait()[0].seconds - 0.05 <= seconds < programs.wait()[0].seconds + 5

@@ -9,13 +9,12 @@ when that is set, else in the per-user cache directory
 kept there too. JAX writes entries from process 0 only; a directory that
 cannot be written is one warning, and the run goes on without the cache.
 
-`Programs` compiles a jitted function ahead for each argument shape it will
-meet, on a pool of threads (XLA compiles without the GIL), and calls the
-program compiled for the arguments' shapes. A program wanted at once is
-lowered on the calling thread (tracing is Python); one wanted later (a run's
-validation and evaluation programs) is lowered on the pool too, so that the
-caller goes on while it compiles. Each kind of program takes its own XLA
-compiler options (`config.compile`), never overriding the user's XLA_FLAGS.
+`Programs` compiles a jitted function ahead for each argument shape it will meet, on a pool
+of threads (XLA compiles without the GIL), and calls the program compiled for the arguments'
+shapes. A program wanted at once is lowered on the calling thread (tracing is Python); one
+wanted later (a run's validation and evaluation programs) is lowered on the pool too, so that
+the caller goes on while it compiles. Each kind of program takes its own XLA compiler options
+(`config.compile`), never overriding the user's XLA_FLAGS.
 """
 
 import collections
@@ -360,8 +359,8 @@ class Programs:
     return future.result().executable(*args)
 
 
-def unfinished() -> int:
-  """Programs still compiling, or waiting to, on the pools: at exit, Python would wait."""
+def unfinished() -> int:  # At exit, Python would wait for them.
+  """Programs still compiling, or waiting to, on the pools."""
   return len(_UNFINISHED)
 
 
@@ -377,10 +376,11 @@ def records(groups: list[Programs]) -> list[dict]:
            "from_cache": done.from_cache} for group in groups for done in group.wait()]
 
 
-def report(groups: list[Programs], seconds: float) -> str:
-  """The line for `groups` once they are compiled: how many programs, of which kinds, in
-  `seconds`, and how many the persistent cache held."""
+def report(groups: list[Programs], start: float) -> str:
+  """The line for `groups` once compiled: how many, of which kinds, in how many seconds since
+  `start` (`time.perf_counter()`), and how many the persistent cache held."""
   results = [done for group in groups for done in group.wait()]
+  seconds = time.perf_counter() - start
   cached = sum(done.from_cache for done in results)
   where = (f"{cached} of them from the compilation cache" if cached
            else "none from the compilation cache")

@@ -94,7 +94,7 @@ def compile_and_restore(trainer: Trainer, claims: list[Claim], restore) -> tuple
       save_run_config(claim.workdir, claim.config)  # Only once the run fits its workdir.
   if restored is not None:
     log.info("Resumed %s at step %d.", ", ".join(str(c.workdir) for c in claims), restored)
-  log.info(compiling.report(trainer.train_programs, time.perf_counter() - compile_start))
+  log.info(compiling.report(trainer.train_programs, compile_start))
   return state, restored or 0
 
 
