@@ -99,8 +99,13 @@ def _exit(status: int) -> None:
   """Exits with `status`. Programs still compiling in the background (a run stopped early)
   would hold the interpreter's exit until XLA has finished them, minutes on a GPU, and the
   interpreter's shutdown can crash under their native threads: then leave at once."""
-  if not compiling.unfinished():
-    sys.exit(status)
+  if compiling.unfinished():
+    _leave(status)
+  sys.exit(status)
+
+
+def _leave(status: int) -> None:
+  """Exits with `status` at once, without the interpreter's shutdown (which joins threads)."""
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)
@@ -126,7 +131,7 @@ def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written wa
     compiling.enable_cache()
     fn()
     if compiling.unfinished():  # (Else return: absl exits 0.)
-      _exit(0)
+      _leave(0)
   except UserError as e:
     _user_error(e, _verbose())
   except Exception as e:  # A full disk or a read-only path, wherever the write was.
@@ -140,9 +145,7 @@ def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written wa
     print(f"stopped by {name}; {kept}: the same command starts again.", file=sys.stderr)
     # Every `finally` has run. Native threads may still be busy (SentencePiece training,
     # XLA), and the interpreter's shutdown can crash under them: leave at once.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130)
+    _leave(130)
 
 
 def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
