@@ -117,6 +117,30 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
     assert len(list(csv.DictReader(f))) == 4 * len(stats.LENGTH_EDGES + (None,))
   assert (out / "length.png").read_bytes()[:8] == PNG
 
+  # The same four as two comparisons, the second joining the first (--earlier): the same
+  # scores and the same Welch test, from the cached evaluations.
+  search = dict(split="val", test_sets=[comparison.parse_test_set(f"extra={src},{ref}")],
+                beam_size=1, n_samples=50)
+  comparison.compare_runs(runs[:2], tmp_path / "two", **search)
+  joined = comparison.compare_runs(runs[2:], tmp_path / "four", earlier=[tmp_path / "two"],
+                                   **search)
+  assert [r["run"] for r in joined] == ["num_heads-4_seed-0", "num_heads-4_seed-1",
+                                        "two:num_heads-2_seed-0", "two:num_heads-2_seed-1"]
+  for row in joined[2:]:
+    alone = next(r for r in rows if "two:" + r["run"] == row["run"])
+    assert {k: row[k] for k in table[0] if k != "run" and "p_value" not in k} == {
+        k: alone[k] for k in table[0] if k != "run" and "p_value" not in k}
+    assert row["extra_p_value"] is None  # Not tested against this baseline.
+  with open(tmp_path / "four" / "seeds.csv", encoding="utf-8") as f:
+    rejoined = list(csv.DictReader(f))
+  assert [s["model.num_heads"] for s in rejoined] == ["4", "2"]
+  for key in ("val_welch_p", "extra_welch_p", "extra_bleu_mean", "extra_bleu_sd"):
+    assert float(rejoined[1][key] or "nan") == pytest.approx(float(
+        {"val_welch_p": seeds[1], "extra_welch_p": seeds[1]}.get(key, seeds[0])[key]),
+        rel=1e-9, nan_ok=True)  # Welch's test is symmetric: 2 against 4 is 4 against 2.
+  assert "`two:...` are the runs of the earlier comparison two/" in (
+      tmp_path / "four" / "comparison.md").read_text()
+
 
 # --- Runs compared on a corpus of a few sentences: copies of the trained `run` ----------------
 
@@ -233,7 +257,8 @@ def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
   rows = [{"run": "a|b", "bleu_signature": "sig", "bleu_lc_signature": "lc",
            "test_bleu": 12.345},
           {"run": "c\nd", "bleu_signature": "sig", "test_bleu": None}]
-  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10)
+  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10, (4, 0.6),
+                      {"a|b": {}, "c\nd": {}})
   table = [line for line in (tmp_path / "comparison.md").read_text().splitlines()
            if line.startswith("|")]
   assert table[2:] == ["| a\\|b | 12.35 |", "| c d | - |"]

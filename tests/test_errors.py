@@ -218,6 +218,19 @@ def with_broken_metrics_line(run, tmp):
                                                       at=2))
 
 
+def earlier_comparison(directory, sets=("val", "test"), search="beam 4, alpha 0.6"):
+  """A comparison's --out directory with one run scored on `sets`, as `search` says."""
+  directory.mkdir(parents=True)
+  columns = ["run", "train.seed", *comparison.FIXED_COLUMNS] + [
+      f"{s}_{c}" for s in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95", "p_value")]
+  values = ["seed-0", "0", "1000", "4", "0.5", "100.0"] + ["20.0"] * (len(columns) - 6)
+  (directory / "comparison.csv").write_text(",".join(columns) + "\n" + ",".join(values) + "\n",
+                                            encoding="utf-8")
+  (directory / "comparison.md").write_text(f"Baseline: `seed-0`. Best checkpoints, {search}.\n",
+                                           encoding="utf-8")
+  return directory
+
+
 def config_only(run, tmp):
   """A workdir with the run's config.json and nothing else."""
   shutil.copy(run / "config.json", tmp)
@@ -587,6 +600,23 @@ CASES = [
      "{tmp}/plain.model has special ids (pad, unk, bos, eos) = (-1, 0, 1, 2), not (0, 1, 2, 3):"
      " seq2seq did not write it. Put back the run's own vocabulary, or train in a new"
      " --workdir."),
+    ("--earlier not a comparison", lambda r, t, v: comparison.compare_runs(
+        [r], t / "new", earlier=[not_runs(t)[1]]),
+     "--earlier={tmp}/notes holds no comparison.csv and comparison.md; pass a directory that"
+     " seq2seq-compare wrote (its --out)."),
+    ("--earlier scored on other sets", lambda r, t, v: comparison.compare_runs(
+        [r], t / "new", earlier=[earlier_comparison(t / "earlier", sets=("val",))]),
+     "--earlier={tmp}/earlier: its comparison.csv has no test_bleu, test_bleu_lc, test_chrf,"
+     " test_bleu_ci95; compare on the sets it was scored on (--split, --test_set)."),
+    ("--earlier at another beam size", lambda r, t, v: comparison.compare_runs(
+        [r], t / "new", earlier=[earlier_comparison(t / "earlier", search="beam 5, alpha 0.6")]),
+     "--earlier={tmp}/earlier was scored with beam 5, alpha 0.6, these runs with beam 4, alpha"
+     " 0.6; pass its --beam_size and --alpha."),
+    ("two --earlier of one name", lambda r, t, v: comparison.compare_runs(
+        [r], t / "new", earlier=[earlier_comparison(t / "a" / "earlier"),
+                                 earlier_comparison(t / "b" / "earlier")]),
+     "--earlier names two comparisons in directories called earlier; rename one, since its"
+     " name prefixes its rows."),
     ("compare at --beam_size=0", lambda r, t, v: comparison.compare_runs([r], t / "new",
                                                                      beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),  # And --out is not created.

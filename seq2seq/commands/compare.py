@@ -1,7 +1,7 @@
 r"""Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
 
   seq2seq-compare runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR] \
-      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...]
+      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...]
 
 Evaluates each run's best checkpoint on val, --split and every --test_set with
 beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
@@ -12,6 +12,13 @@ differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
 length.png, bleu.png, curves.png and attention.png to --out (default: the first
 run's parent directory). Runs are named by their path below the runs' common
 parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0).
+
+--earlier=DIR adds the runs of an earlier comparison (its --out) as it scored them, named
+<DIR's name>:<run>: to both tables, to Welch's test across seeds and to bleu.png, but not
+to the paired bootstrap, the lengths, the curves or the attention, which need their
+workdirs. New runs join a published comparison without it being evaluated again, or after
+its workdirs are gone. It must have been scored on the same sets, with the same
+--beam_size, --alpha and sacreBLEU version (checked where its comparison.md says them).
 
 Evaluations are cached in <run>/eval/compare/ under everything that decides
 them (the checkpoint steps "best" names now and their weights, --beam_size,
@@ -39,6 +46,8 @@ _OUT = flags.DEFINE_string("out", "", "Output directory.")
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of every evaluation.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent of every evaluation.")
 _SAMPLES = flags.DEFINE_integer("bootstrap_samples", 1000, "Paired bootstrap resamples.")
+_EARLIER = flags.DEFINE_multi_string("earlier", [], "An earlier comparison's --out directory whose"
+                                     " runs join the tables (repeatable).")
 _TEST_SETS = flags.DEFINE_multi_string("test_set", [], "NAME=SRC,REF: score every run on these"
                                        " files too (repeatable).")
 
@@ -54,7 +63,7 @@ def main(argv):
     start = time.time()
     rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
                         test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
-                        n_samples=_SAMPLES.value)
+                        n_samples=_SAMPLES.value, earlier=_EARLIER.value)
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
     written = sorted(p.name for p in Path(out).iterdir()
                      if p.is_file() and p.stat().st_mtime >= start)

@@ -64,7 +64,10 @@ def flat_config(config) -> dict[str, object]:
 
 def differing_fields(configs: Sequence) -> list[str]:
   """The dotted config fields whose values are not the same in every run, in config order."""
-  flat = [flat_config(c) for c in configs]
+  return _differing([flat_config(c) for c in configs])
+
+
+def _differing(flat: Sequence[dict]) -> list[str]:
   names = list(dict.fromkeys(name for f in flat for name in f))
   return [n for n in names if len({json.dumps(f.get(n), sort_keys=True) for f in flat}) > 1]
 
@@ -91,7 +94,7 @@ class _Run(NamedTuple):
 
 def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
                  split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
-                 alpha: float = 0.6, n_samples: int = 1000,
+                 alpha: float = 0.6, n_samples: int = 1000, earlier: Sequence[str | Path] = (),
                  attention_text: str = "A man in an orange hat starring at something.") -> list:
   """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
 
@@ -99,32 +102,39 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   each extra test set; the table's columns are the config fields that differ
   between the runs, and per set its BLEU, lowercase BLEU, chrF, 95% bootstrap interval
   and paired-bootstrap p-value against the baseline. Runs are named by their path
-  below the runs' common parent (`run_names`).
+  below the runs' common parent (`run_names`). The runs of each `earlier` comparison (an
+  earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
   """
   runs = _runs(run_dirs, baseline, beam_size, alpha)
-  fields = differing_fields([run.config for run in runs])
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
   named = [ts.name for ts in sets]
   twice = next((name for name in named if named.count(name) > 1), None)
   if twice is not None:  # Its columns would hold one set's scores, its p-values the other's.
     raise UserError(f"--test_set names {twice!r} twice, for different files; give each set its"
                     " own NAME.")
+  before = [_earlier(Path(d), named, (beam_size, alpha)) for d in earlier]
+  configs = {run.name: flat_config(run.config) for run in runs}
+  configs.update(_earlier_configs(before, configs[runs[0].name]))
+  fields = _differing(list(configs.values()))
   texts = _texts(runs, sets)
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
+  joined = rows + [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
+                   for e in before for row in _checked_rows(e, rows[0])]
   columns = ["run", *fields, *FIXED_COLUMNS] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")]
-  seeds = seed_aggregate(rows, fields, [ts.name for ts in sets], runs[0].name)
+  seeds = seed_aggregate(joined, fields, named, runs[0].name)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  report.write_tables(out_dir, rows, columns, seeds, runs[0].name, n_samples)
+  report.write_tables(out_dir, joined, columns, seeds, runs[0].name, n_samples,
+                      (beam_size, alpha), configs, [e.name for e in before])
   report.write_lengths(out_dir, rows, texts[split], hyps[split],
                                ylabel=f"{split} BLEU (beam {beam_size})")
-  report.write_charts(out_dir, rows, split, beam_size,
+  report.write_charts(out_dir, joined, split, beam_size,
                               {run.name: run.record["curve"] for run in runs})
   report.write_attention(out_dir, translators, attention_text)
-  return rows
+  return joined
 
 
 def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
@@ -143,6 +153,56 @@ def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
              for w in run_dirs]
   records = [_training_record(w) for w in run_dirs]
   return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]
+
+
+def _earlier(directory: Path, sets: list[str], search: tuple[int, float]) -> report.Earlier:
+  """An earlier comparison (`--earlier`), checked before anything is decoded: scored on these
+  sets, with this beam size and alpha where its comparison.md names them."""
+  earlier = report.read_earlier(directory, sets, FIXED_COLUMNS)
+  if earlier.search is None:
+    log.warning("--earlier=%s does not name its beam size and alpha (an older comparison.md);"
+                " its rows are taken to be scored with beam %d, alpha %s like these.",
+                directory, *search)
+  elif earlier.search != search:
+    raise UserError(f"--earlier={directory} was scored with beam {earlier.search[0]}, alpha"
+                    f" {earlier.search[1]}, these runs with beam {search[0]}, alpha {search[1]};"
+                    " pass its --beam_size and --alpha.")
+  return earlier
+
+
+def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str, dict]:
+  """Each earlier run's flat config: from its comparison's runs.json, or, where an older one
+  has none, the fields its table names over the `baseline`'s others."""
+  names = [e.name for e in earlier]
+  twice = next((name for name in names if names.count(name) > 1), None)
+  if twice is not None:  # Their rows would have one name.
+    raise UserError(f"--earlier names two comparisons in directories called {twice}; rename"
+                    " one, since its name prefixes its rows.")
+  configs = {}
+  for e in earlier:
+    if e.configs is None:
+      log.warning("--earlier=%s has no runs.json (an older comparison): its runs are taken to"
+                  " share every config field its table does not name (%s) with the baseline.",
+                  e.directory, ", ".join(e.fields) or "none")
+    for row in e.rows:
+      if e.configs is None:
+        configs[row["run"]] = {**baseline, **{f: row[f] for f in e.fields}}
+      elif row["run"] in e.configs:
+        configs[row["run"]] = e.configs[row["run"]]
+      else:
+        raise UserError(f"--earlier={e.directory}: its {report.RUNS} has no config for the run"
+                        f" {row['run'].partition(':')[2]} of its table; pass the directory as"
+                        " seq2seq-compare wrote it.")
+  return configs
+
+
+def _checked_rows(earlier: report.Earlier, baseline: dict) -> list[dict]:
+  """An earlier comparison's rows, once its sacreBLEU signature is the baseline's."""
+  if earlier.signature not in (None, baseline["bleu_signature"]):
+    raise UserError(f"--earlier={earlier.directory} was scored as {earlier.signature}, these"
+                    f" runs as {baseline['bleu_signature']}; join comparisons of one sacreBLEU"
+                    " version.")
+  return earlier.rows
 
 
 def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:

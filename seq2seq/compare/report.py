@@ -5,25 +5,38 @@ table, per variant across seeds, when some variant has several); length.csv and 
 the BLEU of each source-length bucket; bleu.png, curves.png and attention.png the runs'
 scores with their 95% intervals, their validation curves and their attention on one
 sentence. The rows come from `compare.compare_runs`; nothing here evaluates.
+`read_earlier` reads an earlier comparison's rows back, so that later runs join its table.
 """
 
 import csv
+import json
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 from seq2seq.compare.stats import length_buckets
 from seq2seq.decoding.alignment import alignment
 from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
 from seq2seq.evaluation import plots
 
 
 def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: list[dict],
-                 baseline: str, n_samples: int) -> None:
-  """comparison.csv, comparison.md and, with `seeds`, seeds.csv."""
+                 baseline: str, n_samples: int, search: tuple[int, float],
+                 configs: dict[str, dict], earlier: list[str] = ()) -> None:
+  """comparison.csv, comparison.md, runs.json (`configs`: each row's flat config, for a later
+  comparison to join this one) and, with `seeds`, seeds.csv. `search`: the evaluations'
+  (beam size, alpha); `earlier`: the earlier comparisons whose rows `rows` include."""
   _write_csv(out_dir / "comparison.csv", rows, columns)
-  lines = [f"Baseline: `{baseline}`. Per set: BLEU, lowercase BLEU (`bleu_lc`), chrF, the 95%"
+  (out_dir / RUNS).write_text(json.dumps({r["run"]: configs[r["run"]] for r in rows}, indent=1,
+                                         sort_keys=True) + "\n", encoding="utf-8")
+  joined = "".join(f" Rows named `{name}:...` are the runs of the earlier comparison {name}/,"
+                   " as it scored them (no p-value against this baseline)." for name in earlier)
+  lines = [f"Baseline: `{baseline}`. Best checkpoints, beam {search[0]}, alpha {search[1]}. Per"
+           f" set: BLEU, lowercase BLEU (`bleu_lc`), chrF, the 95%"
            f" bootstrap interval of BLEU and the paired bootstrap p-value against the baseline"
            f" (sacreBLEU, {n_samples} resamples). {rows[0]['bleu_signature']}; lowercase"
-           f" {rows[0]['bleu_lc_signature']}", "", *_markdown(rows, columns)]
+           f" {rows[0]['bleu_lc_signature']}.{joined}", "", *_markdown(rows, columns)]
   if seeds:
     seed_columns = list(seeds[0])
     _write_csv(out_dir / "seeds.csv", seeds, seed_columns)
@@ -63,6 +76,70 @@ def write_attention(out_dir: Path, translators: dict[str, Translator], text: str
     weights, src, tgt = alignment(translator, text)
     panels.append((name, weights[-1].mean(axis=0), src, tgt))  # last layer, head mean
   plots.attention_side_by_side(panels, out_dir / "attention.png")
+
+
+RUNS = "runs.json"
+
+
+class Earlier(NamedTuple):
+  """An earlier comparison, read back (`read_earlier`)."""
+  directory: Path
+  name: str  # Its directory's name: its rows are named `<name>:<run>`.
+  fields: list[str]  # The config fields its table names.
+  rows: list[dict]  # Its runs' rows, without p-values.
+  configs: dict[str, dict] | None  # Row name -> flat config (runs.json; older ones lack it).
+  search: tuple[int, float] | None  # (beam size, alpha), where its comparison.md says them.
+  signature: str | None  # Its sacreBLEU signature.
+
+
+_SCORES = ("bleu", "bleu_lc", "chrf", "bleu_ci95")
+
+
+def read_earlier(directory: Path, sets: list[str], fixed: list[str]) -> Earlier:
+  """The rows of an earlier comparison's comparison.csv, to join a new table: its config
+  fields (the columns between `run` and the `fixed` ones) parsed back to values, and its
+  scores on each of `sets`, which it must have. A `UserError` when it is not one."""
+  table, notes = directory / "comparison.csv", directory / "comparison.md"
+  if not (table.is_file() and notes.is_file()):
+    raise UserError(f"--earlier={directory} holds no comparison.csv and comparison.md; pass a"
+                    " directory that seq2seq-compare wrote (its --out).")
+  with open(table, newline="", encoding="utf-8") as f:
+    reader = csv.DictReader(f)
+    columns, rows = reader.fieldnames or [], list(reader)
+  wanted = [*fixed, *(f"{s}_{c}" for s in sets for c in _SCORES)]
+  missing = [c for c in ["run", *wanted] if c not in columns]
+  if missing or not rows:
+    raise UserError(f"--earlier={directory}: its comparison.csv has no "
+                    f"{', '.join(missing) or 'rows'}; compare on the sets it was scored on"
+                    " (--split, --test_set).")
+  fields = columns[1:columns.index(fixed[0])]
+  name = directory.resolve().name
+  out = [{"run": f"{name}:{row['run']}", **{f: _value(row[f]) for f in fields},
+          **{c: _number(row[c]) for c in wanted}, **{f"{s}_p_value": None for s in sets}}
+         for row in rows]
+  configs = None
+  if (directory / RUNS).is_file():
+    configs = {f"{name}:{run}": config for run, config in
+               json.loads((directory / RUNS).read_text(encoding="utf-8")).items()}
+  text = notes.read_text(encoding="utf-8")
+  search = re.search(r"beam (\d+), alpha ([0-9.]+)\.", text)
+  signature = re.search(r"nrefs:\S+?\|version:[0-9.]+", text)
+  return Earlier(directory, name, fields, out, configs,
+                 search and (int(search[1]), float(search[2])), signature and signature[0])
+
+
+def _value(text: str):
+  """A config value as csv.DictWriter wrote it, back: 3, 0.5, True, None ("") or a string."""
+  if text in ("True", "False", ""):
+    return {"True": True, "False": False}.get(text)
+  try:
+    return json.loads(text)
+  except ValueError:
+    return text
+
+
+def _number(text: str) -> float | None:
+  return json.loads(text) if text else None  # 3400 stays an int, 149.45 a float.
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
