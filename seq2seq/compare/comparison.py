@@ -183,7 +183,7 @@ def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str,
     if e.configs is None:
       log.warning("--earlier=%s has no runs.json (an older comparison): its runs are taken to"
                   " share every config field its table does not name (%s) with the baseline.",
-                  e.directory, ", ".join(e.fields) or "none")
+                  e.directory, ", ".join(e.fields) or "no field")
     for row in e.rows:
       if e.configs is None:
         configs[row["run"]] = {**baseline, **{f: row[f] for f in e.fields}}
