@@ -181,9 +181,9 @@ def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str,
   configs = {}
   for e in earlier:
     if e.configs is None:
-      log.warning("--earlier=%s has no runs.json (an older comparison): its runs are taken to"
-                  " share every config field its table does not name (%s) with the baseline.",
-                  e.directory, ", ".join(e.fields) or "no field")
+      log.warning("--earlier=%s has no runs.json (an older comparison) and its table names"
+                  " only %s: its runs are taken to share every other config field with the"
+                  " baseline.", e.directory, ", ".join(e.fields) or "no config field")
     for row in e.rows:
       if e.configs is None:
         configs[row["run"]] = {**baseline, **{f: row[f] for f in e.fields}}
