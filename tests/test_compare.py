@@ -297,3 +297,11 @@ def test_attention_pictures_wrap_into_a_grid(tmp_path, runs, grid):
   height, width = matplotlib.image.imread(
       plots.attention_side_by_side(panels, tmp_path / "a.png")).shape[:2]
   assert (round(height / (4.4 * 120)), round(width / (4.2 * 120))) == grid
+
+
+def test_a_model_without_attention_is_titled_so_not_drawn_as_a_dark_square():
+  from seq2seq.evaluation import plots
+
+  assert plots.panel_title("attention-none_seed-0", [[0.0, 0.0], [0.0, 0.0]]) == (
+      "attention-none_seed-0 (no attention)")
+  assert plots.panel_title("general", [[0.0, 1.0], [0.5, 0.5]]) == "general"

@@ -110,8 +110,14 @@ def attention_side_by_side(panels: Sequence[tuple[str, np.ndarray, Sequence[str]
     ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(src)), src, rotation=90, fontsize=6)
     ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
-    ax.set_title(name, fontsize=8)
+    ax.set_title(panel_title(name, weights), fontsize=8)
   return _save(fig, path)
+
+
+def panel_title(name: str, weights) -> str:
+  """A heatmap's title: the run's name, and "(no attention)" when every weight is zero, as a
+  model without attention reports them (each attended row sums to 1)."""
+  return name if np.any(np.asarray(weights)) else f"{name} (no attention)"
 
 
 def image_path(path: str | Path, flag: str) -> Path:
