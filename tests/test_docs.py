@@ -95,10 +95,10 @@ def shortened(line: str) -> str:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-  """A directory to run the manual in, as a user's checkout: configs/ and data/, an input
+  """A directory to run the manual in, as a user's checkout: configs/, data/ and docs/, an input
   file (in.en), and the runs the commands train (runs/)."""
   home = tmp_path_factory.mktemp("manual")
-  for name in ("configs", "data", "scripts"):
+  for name in ("configs", "data", "scripts", "docs"):
     (home / name).symlink_to(ROOT / name)
   (home / "in.en").write_text("A dog runs on the beach.\nTwo men play football.\n")
   return home
