@@ -15,6 +15,7 @@ from sacrebleu.metrics import BLEU
 
 from seq2seq.compare import comparison, stats, sweep
 from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, scores
 from tests.helpers import PNG, VAL, fast_tiny_config, metrics_copy, small_run
 
@@ -140,6 +141,8 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
         rel=1e-9, nan_ok=True)  # Welch's test is symmetric: 2 against 4 is 4 against 2.
   assert "`two:...` are the runs of the earlier comparison two/" in (
       tmp_path / "four" / "comparison.md").read_text()
+  with pytest.raises(UserError, match="num_heads-2_seed-0 and two:num_heads-2_seed-0 are one"):
+    comparison.compare_runs(runs[:1], tmp_path / "again", earlier=[tmp_path / "two"], **search)
 
 
 # --- Runs compared on a corpus of a few sentences: copies of the trained `run` ----------------

@@ -617,6 +617,10 @@ CASES = [
                                  earlier_comparison(t / "b" / "earlier")]),
      "--earlier names two comparisons in directories called earlier; rename one, since its"
      " name prefixes its rows."),
+    ("two --earlier holding one run", lambda r, t, v: comparison.compare_runs(
+        [r], t / "new", earlier=[earlier_comparison(t / "one"), earlier_comparison(t / "two")]),
+     "one:seed-0 and two:seed-0 are one run (the same config and scores); pass each run, and"
+     " each --earlier comparison holding it, once."),
     ("compare at --beam_size=0", lambda r, t, v: comparison.compare_runs([r], t / "new",
                                                                      beam_size=0),
      "--beam_size=0 must be at least 1 (1: greedy search)."),  # And --out is not created.

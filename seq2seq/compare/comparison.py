@@ -116,11 +116,15 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   configs = {run.name: flat_config(run.config) for run in runs}
   configs.update(_earlier_configs(before, configs[runs[0].name]))
   fields = _differing(list(configs.values()))
+  earlier_rows = [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
+                  for e in before for row in e.rows]
+  _each_once([], earlier_rows, fields, named)  # Before anything is decoded.
   texts = _texts(runs, sets)
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
-  joined = rows + [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
-                   for e in before for row in _checked_rows(e, rows[0])]
+  for e in before:
+    _check_signature(e, rows[0])
+  joined = _each_once(rows, earlier_rows, fields, named)
   columns = ["run", *fields, *FIXED_COLUMNS] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")]
@@ -196,13 +200,31 @@ def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str,
   return configs
 
 
-def _checked_rows(earlier: report.Earlier, baseline: dict) -> list[dict]:
-  """An earlier comparison's rows, once its sacreBLEU signature is the baseline's."""
+def _each_once(rows: list[dict], earlier_rows: list[dict], fields: list[str],
+               sets: list[str]) -> list[dict]:
+  """`rows + earlier_rows`, once no earlier row is another row's run: the same config fields
+  and scores on every set, as when a run is joined twice (its own workdir and an earlier
+  comparison that holds it, or two comparisons that both hold it), which would count its
+  seed twice in Welch's test."""
+  def key(row):
+    return json.dumps([row[f] for f in fields] + [row.get(f"{s}_{c}") for s in sets
+                                                  for c in ("bleu", "bleu_lc", "chrf")])
+
+  seen = {key(row): row["run"] for row in rows}
+  for row in earlier_rows:
+    if key(row) in seen:
+      raise UserError(f"{seen[key(row)]} and {row['run']} are one run (the same config and"
+                      " scores); pass each run, and each --earlier comparison holding it, once.")
+    seen[key(row)] = row["run"]
+  return rows + earlier_rows
+
+
+def _check_signature(earlier: report.Earlier, baseline: dict) -> None:
+  """A `UserError` unless the earlier comparison's sacreBLEU signature is the baseline's."""
   if earlier.signature not in (None, baseline["bleu_signature"]):
     raise UserError(f"--earlier={earlier.directory} was scored as {earlier.signature}, these"
                     f" runs as {baseline['bleu_signature']}; join comparisons of one sacreBLEU"
                     " version.")
-  return earlier.rows
 
 
 def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
