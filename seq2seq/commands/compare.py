@@ -9,9 +9,9 @@ seq2seq-evaluate takes them) and writes comparison.md, comparison.csv
 (columns: the config fields that differ between the runs, then per set BLEU,
 lowercase BLEU, chrF, a 95% interval and the paired bootstrap p-value), seeds.csv (when runs
 differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
-length.png, bleu.png, curves.png and attention.png to --out (default: the first
-run's parent directory). Runs are named by their path below the runs' common
-parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0).
+length.png, bleu.png, curves.png, attention.png and runs.json (each row's config) to
+--out (default: the first run's parent directory). Runs are named by their path
+below the runs' common parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0).
 
 --earlier=DIR adds the runs of an earlier comparison (its --out) as it scored them, named
 <DIR's name>:<run>: to both tables, to Welch's test across seeds and to bleu.png, but not

@@ -5,7 +5,8 @@ validation and the chosen split (evaluations.py, which caches the evaluations),
 tests every run against the baseline with sacreBLEU's paired bootstrap
 resampling and aggregates seeds (stats.py), and writes comparison.md,
 comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png, bleu.png,
-curves.png and attention.png (report.py).
+curves.png, attention.png and runs.json (report.py); an earlier comparison's rows join the
+tables with `earlier`.
 Every run is checked, its training record and its test sets read, before
 anything is evaluated or written: a mistake costs no decoding and leaves no file.
 """
