@@ -109,7 +109,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   runs = _runs(run_dirs, baseline, beam_size, alpha)
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
   named = [ts.name for ts in sets]
-  twice = next((name for name in named if named.count(name) > 1), None)
+  twice = _repeated(named)
   if twice is not None:  # Its columns would hold one set's scores, its p-values the other's.
     raise UserError(f"--test_set names {twice!r} twice, for different files; give each set its"
                     " own NAME.")
@@ -178,8 +178,7 @@ def _earlier(directory: Path, sets: list[str], search: tuple[int, float]) -> rep
 def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str, dict]:
   """Each earlier run's flat config: from its comparison's runs.json, or, where an older one
   has none, the fields its table names over the `baseline`'s others."""
-  names = [e.name for e in earlier]
-  twice = next((name for name in names if names.count(name) > 1), None)
+  twice = _repeated([e.name for e in earlier])
   if twice is not None:  # Their rows would have one name.
     raise UserError(f"--earlier names two comparisons in directories called {twice}; rename"
                     " one, since its name prefixes its rows.")
@@ -213,11 +212,16 @@ def _each_once(rows: list[dict], earlier_rows: list[dict], fields: list[str],
 
   seen = {key(row): row["run"] for row in rows}
   for row in earlier_rows:
-    if key(row) in seen:
-      raise UserError(f"{seen[key(row)]} and {row['run']} are one run (the same config and"
-                      " scores); pass each run, and each --earlier comparison holding it, once.")
-    seen[key(row)] = row["run"]
+    other = seen.setdefault(key(row), row["run"])
+    if other != row["run"]:
+      raise UserError(f"{other} and {row['run']} are one run (the same config and scores);"
+                      " pass each run, and each --earlier comparison holding it, once.")
   return rows + earlier_rows
+
+
+def _repeated(names: Sequence[str]) -> str | None:
+  """The first name that `names` holds more than once, or None."""
+  return next((name for name in names if names.count(name) > 1), None)
 
 
 def _check_signature(earlier: report.Earlier, baseline: dict) -> None:
