@@ -33,6 +33,18 @@ def base_config() -> ml_collections.ConfigDict:
   m.attention_window = 8  # `local` attention: each query sees keys this many positions away.
   m.emb_dim = 256  # Model width d: embeddings and residual stream.
   m.num_heads = 4  # Attention heads; must divide emb_dim.
+  # Transformer: key/value heads, each shared by num_heads / num_kv_heads query heads (1:
+  # multi-query, Shazeer 2019; between: grouped-query, Ainslie et al. 2023); 0 = num_heads.
+  m.num_kv_heads = 0
+  # Transformer: where word order enters (models.positions.POSITIONS): added "sinusoidal" or
+  # "learned" vectors, or inside self-attention "relative" (Shaw et al. 2018), "rope" (Su et
+  # al. 2021) or "alibi" (Press et al. 2022).
+  m.positions = "sinusoidal"
+  m.max_relative_distance = 16  # `relative` positions: distances clipped to +-K (Shaw et al.).
+  # What turns scores into weights (models.normalizers.NORMALIZERS): "softmax", "sparsemax"
+  # (Martins & Astudillo 2016), "entmax15" (Peters et al. 2019) or "entmax_bisect".
+  m.attention_normalizer = "softmax"
+  m.entmax_alpha = 1.5  # `entmax_bisect`: alpha > 1 (2: sparsemax; towards 1: softmax).
   m.num_encoder_layers = 3  # Encoder blocks.
   m.num_decoder_layers = 3  # Decoder blocks.
   m.mlp_dim = 1024  # Hidden width of each feed-forward block.
@@ -180,50 +192,8 @@ def _suggest(name: str, options) -> str:
 
 
 _BOOL_TEXT = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
-_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
-
-
-def check_override(arg: str, following: str | None = None) -> None:
-  """Checks one `--config.<section>.<field>[=value]` flag against the base config.
-
-  ml_collections' config_flags would raise a traceback (unknown field) or a
-  generic flag error (wrong type); this names the flag and the fix first.
-  `following` is the next command-line argument: the value of `--config.x.y VALUE`.
-
-  Raises:
-    UserError: the field does not exist (suggesting the closest one), or the
-      value does not parse as the field's type.
-  """
-  flag, _, text = arg.lstrip("-").partition("=")
-  negated = flag.startswith("noconfig.")
-  name = flag[len("noconfig." if negated else "config."):]
-  base = base_config()
-  fields = [f"{section}.{key}" for section in base for key in base[section]]
-  if name not in fields:
-    section, _, key = name.partition(".")
-    same_key = [f for f in fields if f.endswith("." + key)]
-    close = same_key or (
-        difflib.get_close_matches(name, [f for f in fields if f.startswith(section + ".")], n=1)
-        or difflib.get_close_matches(name, fields, n=1))
-    fix = (f"did you mean --config.{close[0]}?" if close else
-           f"the fields are listed in seq2seq/config.py (sections: {', '.join(base)}).")
-    raise UserError(f"--{flag} is not a config field; {fix}")
-  section, key = name.split(".")
-  default = base[section][key]
-  kind = type(default)
-  example = (f"--config.{name}=true or --config.{name}=false" if kind is bool else
-             f"one such as --config.{name}={default}")
-  if "=" not in arg:
-    if kind is bool:
-      return
-    if following is None or negated:
-      raise UserError(f"--{flag} needs a value; pass {example}.")
-    text = following  # absl also takes `--flag value`.
-  try:
-    parse_as(default, text)
-  except ValueError:
-    raise UserError(f"--config.{name}={text} is not {_TYPE_NAMES[kind]}; pass {example}.")\
-        from None
+# How an error names the type a field takes (also the command line's, commands.cli).
+TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
 def parse_as(default, text: str):
@@ -232,12 +202,12 @@ def parse_as(default, text: str):
   kind = type(default)
   if kind is bool:
     if text.lower() not in _BOOL_TEXT:
-      raise ValueError(f"{text!r} is not {_TYPE_NAMES[bool]}")
+      raise ValueError(f"{text!r} is not {TYPE_NAMES[bool]}")
     return _BOOL_TEXT[text.lower()]
   try:
     return kind(text)
   except ValueError:
-    raise ValueError(f"{text!r} is not {_TYPE_NAMES.get(kind, kind.__name__)}") from None
+    raise ValueError(f"{text!r} is not {TYPE_NAMES.get(kind, kind.__name__)}") from None
 
 
 def _check_types(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict) -> None:
@@ -252,7 +222,7 @@ def _check_types(config: ml_collections.ConfigDict, base: ml_collections.ConfigD
         ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
       if not ok:
         raise UserError(f"config.{section}.{key}={value!r} is a {type(value).__name__}; it takes"
-                        f" {_TYPE_NAMES.get(kind, kind.__name__)} (default {default!r}).")
+                        f" {TYPE_NAMES.get(kind, kind.__name__)} (default {default!r}).")
 
 
 def check_structure(config, where: str = "the config") -> None:
@@ -278,6 +248,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "model.num_encoder_layers": m.num_encoder_layers,
       "model.num_decoder_layers": m.num_decoder_layers, "model.mlp_dim": m.mlp_dim,
       "model.max_len": m.max_len, "model.attention_window": m.attention_window,
+      "model.max_relative_distance": m.max_relative_distance,
       "model.rnn_hidden_dim": m.rnn_hidden_dim, "data.vocab_size": d.vocab_size,
       "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
@@ -295,7 +266,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "train.warmup_steps": t.warmup_steps,
       "train.adam_eps": t.adam_eps, "train.weight_decay": t.weight_decay,
       "train.clip_norm": t.clip_norm, "train.patience": t.patience,
-      "eval.max_sentences": e.max_sentences,
+      "eval.max_sentences": e.max_sentences, "model.num_kv_heads": m.num_kv_heads,
       "eval.alpha": e.alpha, "eval.max_decode_len_a": e.max_decode_len_a,
       "eval.max_decode_len_b": e.max_decode_len_b, "eval.test_beam_size": e.test_beam_size,
       "compile.threads": config.compile.threads,
@@ -303,6 +274,9 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
   for name, value in non_negative.items():
     if value < 0:
       raise UserError(f"config.{name}={value} must not be negative.")
+  if not m.entmax_alpha > 1.0:
+    raise UserError(f"config.model.entmax_alpha={m.entmax_alpha} must be above 1 (1.5: entmax15,"
+                    " 2: sparsemax).")
   if not 0 <= t.seed < 2**32:  # SentencePiece takes an unsigned 32-bit seed.
     raise UserError(f"config.train.seed={t.seed} is out of range; use 0 to {2**32 - 1}.")
 

@@ -37,7 +37,7 @@ def test_weights_sum_to_one_and_are_zero_where_masked(name, causal):
   model.attention_window = 2
   mha = attention.MultiHeadAttention(H * D, H, attention=name, dropout_rate=0.0,
                                      rngs=nnx.Rngs(0), max_keys=16,
-                                     **attention.hyperparameters(name, model))
+                                     **attention.hyperparameters(model, name))
   x = jax.random.normal(jax.random.key(1), (B, 6, H * D))
   mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
   _, weights = mha(x, *mha.project_kv(x), mask, return_weights=True)

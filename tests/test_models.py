@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, masks
+from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, check_config, masks
+from seq2seq.models.positions import POSITIONS
 from seq2seq.models.transformer import sinusoidal_positions
 from tests.helpers import assert_stepping_matches_decode
 
@@ -16,14 +17,30 @@ VOCAB = 40
 TRANSFORMER_VARIANTS = ATTENTION_BY_FAMILY["transformer"]
 
 
-@pytest.fixture(params=[("scaled_dot", True), ("scaled_dot", False)]
-                + [(name, True) for name in TRANSFORMER_VARIANTS if name != "scaled_dot"],
-                ids=lambda p: f"{p[0]}-{'pre' if p[1] else 'post'}_ln")
+# Every attention variant; every way of giving positions, with each variant it composes with
+# beyond scaled_dot; shared key/value heads (4 query heads on 2 and on 1), also beside
+# positions inside attention. Each: {config.model field: value}.
+MODEL_CASES = (
+    [{"attention": "scaled_dot", "pre_ln": False}]
+    + [{"attention": name} for name in TRANSFORMER_VARIANTS]
+    + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
+    + [{"positions": "rope", "attention": "dot"}, {"positions": "rope", "attention": "local"}]
+    + [{"num_heads": 4, "num_kv_heads": kv} for kv in (2, 1)]
+    + [{"num_heads": 4, "num_kv_heads": 2, "positions": name} for name in ("relative", "rope",
+                                                                           "alibi")]
+)
+
+
+@pytest.fixture(params=MODEL_CASES, ids=lambda case: "-".join(f"{k}={v}" for k, v in case.items()))
 def model(request, tiny_config):
-  tiny_config.model.attention, tiny_config.model.pre_ln = request.param
   tiny_config.model.attention_window = 2
+  tiny_config.model.max_relative_distance = 3  # Shorter than the sentences: clipping acts.
   tiny_config.model.num_encoder_layers = 2
   tiny_config.model.num_decoder_layers = 2
+  tiny_config.model.update(request.param)
+  if tiny_config.model.num_heads == 4:
+    tiny_config.model.emb_dim = 32  # Head size 8.
+  check_config(tiny_config)
   return build_model(tiny_config, VOCAB)
 
 

@@ -1,6 +1,7 @@
 """What every command shares (seq2seq/commands/): flag helpers, and user errors as one line,
 not a traceback."""
 
+import difflib
 import inspect
 import logging
 import os
@@ -20,6 +21,49 @@ from seq2seq.runtime import compiling, signals
 from seq2seq.runtime.signals import Interrupted
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error (still status 2).")
+
+
+def _check_override(arg: str, following: str | None = None) -> None:
+  """Checks one `--config.<section>.<field>[=value]` flag against the base config.
+
+  ml_collections' config_flags would raise a traceback (unknown field) or a
+  generic flag error (wrong type); this names the flag and the fix first.
+  `following` is the next command-line argument: the value of `--config.x.y VALUE`.
+
+  Raises:
+    UserError: the field does not exist (suggesting the closest one), or the
+      value does not parse as the field's type.
+  """
+  flag, _, text = arg.lstrip("-").partition("=")
+  negated = flag.startswith("noconfig.")
+  name = flag[len("noconfig." if negated else "config."):]
+  base = config_lib.base_config()
+  fields = [f"{section}.{key}" for section in base for key in base[section]]
+  if name not in fields:
+    section, _, key = name.partition(".")
+    same_key = [f for f in fields if f.endswith("." + key)]
+    close = same_key or (
+        difflib.get_close_matches(name, [f for f in fields if f.startswith(section + ".")], n=1)
+        or difflib.get_close_matches(name, fields, n=1))
+    fix = (f"did you mean --config.{close[0]}?" if close else
+           f"the fields are listed in seq2seq/config.py (sections: {', '.join(base)}).")
+    raise UserError(f"--{flag} is not a config field; {fix}")
+  section, key = name.split(".")
+  default = base[section][key]
+  kind = type(default)
+  example = (f"--config.{name}=true or --config.{name}=false" if kind is bool else
+             f"one such as --config.{name}={default}")
+  if "=" not in arg:
+    if kind is bool:
+      return
+    if following is None or negated:
+      raise UserError(f"--{flag} needs a value; pass {example}.")
+    text = following  # absl also takes `--flag value`.
+  try:
+    config_lib.parse_as(default, text)
+  except ValueError:
+    raise UserError(f"--config.{name}={text} is not {config_lib.TYPE_NAMES[kind]};"
+                    f" pass {example}.") from None
 
 
 def _one_line(error: Exception) -> str:
@@ -70,7 +114,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
       if arg == "--":
         break
       if arg.startswith("-") and arg.lstrip("-").startswith(("config.", "noconfig.")):
-        config_lib.check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
+        _check_override(arg, argv[i + 1] if i + 1 < len(argv) else None)
     try:
       rest = flag_values(argv)
     except SystemExit as e:  # absl's --help prints the usage, then exits 1.

@@ -12,8 +12,10 @@ import ml_collections
 from flax import nnx
 
 from seq2seq.errors import UserError
-from seq2seq.models.attention import PAPER_NAMES, VARIANTS
+from seq2seq.models.attention import PAPER_NAMES, SCORES, VARIANTS
 from seq2seq.models.interface import Seq2SeqModel
+from seq2seq.models.normalizers import NORMALIZERS
+from seq2seq.models.positions import POSITIONS
 from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
 
@@ -43,6 +45,37 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int
                                             dtype=jnp.dtype(config.train.dtype))
 
 
+def _composition_problem(m: ml_collections.ConfigDict) -> str | None:
+  """What in `config.model` its positions, normalizer or key/value heads cannot go with: the
+  family's declared capabilities and each registry entry's own (`Positions.attention`,
+  `Variant.normalizes`), as a one-line message with the fix."""
+  cls = MODEL_CLASSES[m.family]
+  if m.positions not in POSITIONS:
+    return (f"config.model.positions={m.positions!r} is not a way of giving positions; use one"
+            f" of: {', '.join(POSITIONS)}.")
+  if m.positions not in cls.POSITION_NAMES:
+    return (f"config.model.positions={m.positions!r} is not available for the {m.family}; use"
+            f" one of: {', '.join(cls.POSITION_NAMES)}.")
+  composes = POSITIONS[m.positions].attention
+  if composes is not None and m.attention not in composes:
+    return (f"config.model.positions={m.positions!r} works inside {', '.join(composes)}"
+            f" attention, not {m.attention!r}; change config.model.attention or positions.")
+  if m.attention_normalizer not in NORMALIZERS:
+    return (f"config.model.attention_normalizer={m.attention_normalizer!r} is not a normalizer;"
+            f" use one of: {', '.join(NORMALIZERS)}.")
+  variant = VARIANTS.get(m.attention)
+  if m.attention_normalizer != "softmax" and not (variant and variant.normalizes):
+    return (f"config.model.attention_normalizer={m.attention_normalizer!r}: {m.attention!r}"
+            " attention normalizes no scores; use softmax, or attention that normalizes.")
+  if m.num_kv_heads and not cls.SHARES_KV_HEADS:
+    return (f"config.model.num_kv_heads={m.num_kv_heads}: the {m.family} has no key/value heads"
+            " to share; leave it at 0.")
+  if m.num_kv_heads and m.num_kv_heads != m.num_heads and m.attention not in SCORES:
+    return (f"config.model.num_kv_heads={m.num_kv_heads} shares key/value heads, which"
+            f" {m.attention!r} attention cannot; use one of: {', '.join(SCORES)}, or 0.")
+  return None
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises `UserError` naming the fix for what `config` asks of its model family that the
   family does not declare it can do: an unknown family, an attention it does not take, sizes
@@ -61,7 +94,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     hint = f" ({paper[1]} is {paper[0]!r} here.)" if paper and paper[0] in valid else ""
     raise UserError(f"config.model.attention={m.attention!r} is not available for the"
                     f" {m.family}; use one of: {', '.join(valid)}.{hint}")
-  problem = MODEL_CLASSES[m.family].config_problem(m)
+  problem = _composition_problem(m) or MODEL_CLASSES[m.family].config_problem(m)
   if problem:
     raise UserError(problem)
   if config.data.pack and not can_pack(m.family):

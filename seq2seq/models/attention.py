@@ -17,6 +17,7 @@ uses in its place. A new softmax score is one function and one `SCORES` entry;
 it is then a variant, tested by every test that loops over the registry.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -25,8 +26,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.models.dropout import Dropout
+from seq2seq.models.kernels import linear_attention, local_attention
 from seq2seq.models.linear import Linear
 from seq2seq.models.masks import Mask
+from seq2seq.models.normalizers import NORMALIZERS, Normalizer, masked_softmax
+from seq2seq.models.positions import POSITIONS, Positions
 
 
 class ScoreParams(nnx.Module):
@@ -107,132 +111,66 @@ SCORES: dict[str, Score] = {
 }
 
 
-def masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
-  """Softmax over the last axis that gives masked keys exactly zero weight.
-
-  A query whose keys are all masked (a padding row) gets all-zero weights
-  instead of a uniform distribution over padding.
-  """
-  if mask is None:
-    return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(scores.dtype)
-  masked = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(masked, axis=-1)
-  return jnp.where(mask, weights, 0.0).astype(scores.dtype)
+def fold_heads(x: jnp.ndarray, per_key_head: int) -> jnp.ndarray:
+  """`[batch, heads, q, ...]` -> `[batch, kv_heads, per_key_head * q, ...]`: the query heads
+  that share one key/value head (Ainslie et al., 2023: consecutive heads) as one head's rows.
+  A reshape, so keys and values are never copied per query head."""
+  if per_key_head == 1:
+    return x
+  b, h, q = x.shape[:3]
+  return x.reshape(b, h // per_key_head, per_key_head * q, *x.shape[3:])
 
 
-def attend(score: Score, query, keys, values, mask: jnp.ndarray | None, params=None):
+def unfold_heads(x: jnp.ndarray, per_key_head: int) -> jnp.ndarray:
+  """The inverse of `fold_heads`."""
+  if per_key_head == 1:
+    return x
+  b, kv, rows = x.shape[:3]
+  return x.reshape(b, kv * per_key_head, rows // per_key_head, *x.shape[3:])
+
+
+def weighted_sum(weights: jnp.ndarray, values: jnp.ndarray) -> jnp.ndarray:
+  """`sum_k weights[b, h, q, k] values[b, kv(h), k, :]`, where `values` may have fewer heads
+  than `weights` (shared key/value heads)."""
+  per_key_head = weights.shape[1] // values.shape[1]
+  context = jnp.einsum("bhqk,bhkd->bhqd", fold_heads(weights, per_key_head), values)
+  return unfold_heads(context, per_key_head)
+
+
+def attend(score: Score, query, keys, values, mask: jnp.ndarray | None, params=None, *,
+           bias: jnp.ndarray | None = None, normalizer: Callable = masked_softmax):
   """Scores, masks, normalizes and averages the values.
 
   Args:
     score: an entry of `SCORES`.
     query: `[batch, heads, q, d]`.
-    keys: `[batch, heads, k, d']`, already through `score.prepare`.
-    values: `[batch, heads, k, d_v]`.
+    keys: `[batch, kv_heads, k, d']`, already through `score.prepare`; `kv_heads` divides
+      `heads` (fewer: each key/value head serves `heads / kv_heads` query heads).
+    values: `[batch, kv_heads, k, d_v]`.
     mask: boolean, broadcastable to `[batch, heads, q, k]`, or None.
     params: the score's parameters (None for parameter-free scores).
+    bias: added to the scores (positions inside attention), `[batch or 1, heads, q, k]`.
+    normalizer: `(scores, mask) -> weights` (`normalizers.NORMALIZERS`).
 
   Returns:
     (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
   """
-  weights = masked_softmax(score.score(query, keys, params), mask)
-  return jnp.einsum("bhqk,bhkd->bhqd", weights, values), weights
-
-
-def _feature_map(x):
-  """Katharopoulos et al. (2020): phi(x) = elu(x) + 1, positive."""
-  return jax.nn.elu(x) + 1.0
-
-
-def _exclusive_cumsum(x, axis):
-  """Sums of everything before each position along `axis` (zero at the first)."""
-  total = jnp.cumsum(x, axis=axis)
-  return jnp.concatenate([jnp.zeros_like(jax.lax.slice_in_dim(x, 0, 1, axis=axis)),
-                          jax.lax.slice_in_dim(total, 0, -1, axis=axis)], axis=axis)
-
-
-def _causal_linear_sums(q, k, v, chunk: int):
-  """`sum_{j<=i} (q_i . k_j) v_j` and `sum_{j<=i} q_i . k_j` for every position i.
-
-  Chunk by chunk: within a chunk the `[chunk, chunk]` products are formed
-  directly; across chunks one `d x d_v` key-value sum per chunk is carried (not
-  one per position, which would take `chunk` times the memory). Work is
-  O(n * chunk * d + n * d^2), linear in the length n.
-  """
-  b, h, t, _ = q.shape
-  size = min(chunk, t)
-  n = -(-t // size)
-  q, k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, n * size - t), (0, 0))).reshape(b, h, n, size, -1)
-             for x in (q, k, v))
-  within = jnp.einsum("bhncd,bhnkd->bhnck", q, k) * jnp.tril(jnp.ones((size, size), q.dtype))
-  kv_before = _exclusive_cumsum(jnp.einsum("bhnkd,bhnke->bhnde", k, v), axis=2)
-  k_before = _exclusive_cumsum(k.sum(axis=3), axis=2)
-  numerator = (jnp.einsum("bhnck,bhnke->bhnce", within, v)
-               + jnp.einsum("bhncd,bhnde->bhnce", q, kv_before))
-  denominator = within.sum(-1) + jnp.einsum("bhncd,bhnd->bhnc", q, k_before)
-  return (numerator.reshape(b, h, n * size, -1)[:, :, :t],
-          denominator.reshape(b, h, n * size)[:, :, :t])
-
-
-def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6, chunk: int = 64):
-  """Kernelized attention: phi(q)^T sum_j phi(k_j) v_j^T / phi(q)^T sum_j phi(k_j).
-
-  O(n) in sequence length: the key/value sums are formed once (chunked prefix
-  sums when causal, see `_causal_linear_sums`) instead of a `[q, k]` matrix.
-
-  Returns:
-    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`); the
-    weights are formed only if a caller uses them (XLA drops them otherwise).
-  """
-  if mask.segmented:  # The prefix sums below would run across packed sentences.
-    raise ValueError("linear attention does not support packed rows (segment ids).")
-  q = _feature_map(query)
-  k = _feature_map(keys) * mask.key_valid[:, None, :, None]
-  if mask.causal:  # Teacher-forced decoder: query i sums keys 0..i.
-    numerator, denominator = _causal_linear_sums(q, k, values, chunk)
-  else:
-    numerator = jnp.einsum("bhqd,bhde->bhqe", q, jnp.einsum("bhkd,bhke->bhde", k, values))
-    denominator = jnp.einsum("bhqd,bhd->bhq", q, k.sum(axis=2))
-  context = numerator / (denominator[..., None] + eps)
-  similarity = jnp.einsum("bhqd,bhkd->bhqk", q, k) * mask.dense(query.shape[2])
-  weights = similarity / (similarity.sum(-1, keepdims=True) + eps)
-  return context, weights
-
-
-def local_attention(query, keys, values, mask: Mask, window: int):
-  """Scaled dot-product attention within `window` positions of each query.
-
-  Each query gathers only its `2 * window + 1` neighbouring keys, so the work
-  is O(n * window), not O(n^2). Positions come from the mask, so a decoding
-  step at position i sees cache slots i - window .. i.
-
-  Returns:
-    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
-  """
-  num_queries, num_keys = query.shape[2], keys.shape[2]
-  offsets = jnp.arange(-window, window + 1)
-  index = mask.query_positions(num_queries)[:, None] + offsets  # [q, w]
-  valid = (index >= 0) & (index < num_keys)
-  index = jnp.clip(index, 0, num_keys - 1)
-  valid = valid[None] & mask.key_valid[:, index]  # [batch, q, w]
-  if mask.segmented:
-    valid = valid & (mask.key_segments[:, index] == mask.query_segments[:, :, None])
-  if mask.causal:
-    valid = valid & (offsets <= 0)
-  near_keys, near_values = keys[:, :, index], values[:, :, index]  # [b, h, q, w, d]
-  scores = jnp.einsum("bhqd,bhqwd->bhqw", query, near_keys) / jnp.sqrt(query.shape[-1])
-  near_weights = masked_softmax(scores, valid[:, None])
-  context = jnp.einsum("bhqw,bhqwd->bhqd", near_weights, near_values)
-  one_hot = jax.nn.one_hot(index, num_keys, dtype=near_weights.dtype)  # [q, w, k]
-  weights = jnp.einsum("bhqw,qwk->bhqk", near_weights, one_hot)
-  return context, weights
+  per_key_head = query.shape[1] // keys.shape[1]
+  scores = unfold_heads(score.score(fold_heads(query, per_key_head), keys, params), per_key_head)
+  if bias is not None:
+    scores = scores + bias.astype(scores.dtype)
+  weights = normalizer(scores, mask)
+  return weighted_sum(weights, values), weights
 
 
 class Variant(NamedTuple):
   """An attention variant: the score's parameters and key preparation, and its kernel.
 
   attend: `(query, prepared keys, values, mask: Mask, params, **hyperparameters) ->
-    (context, weights)`.
+    (context, weights)`; a variant that `normalizes` also takes `normalizer=`, and a
+    softmax score `bias=` (positions inside attention, `positions.Positions.bias`).
   weight_dropout: attention dropout applies to its (softmax) weights.
+  normalizes: its weights come from a normalizer (`config.model.attention_normalizer`).
   packs: it keeps packed sentences apart (segment ids), so rows may be packed.
   cross: the variant that cross-attention uses instead (None: this one).
   hyperparameters: its own settings, as `attend`'s keyword arguments named after their
@@ -245,16 +183,12 @@ class Variant(NamedTuple):
   packs: bool = True
   cross: str | None = None
   hyperparameters: tuple[str, ...] = ()
-
-
-def hyperparameters(name: str, cfg) -> dict[str, Any]:
-  """Variant `name`'s hyperparameters, read from `cfg` (config.model)."""
-  return {field: cfg[field] for field in VARIANTS[name].hyperparameters}
+  normalizes: bool = True
 
 
 def _softmax_variant(score: Score) -> Variant:
-  def attend_with_score(query, keys, values, mask: Mask, params):
-    return attend(score, query, keys, values, mask.dense(query.shape[2]), params)
+  def attend_with_score(query, keys, values, mask: Mask, params, **options):
+    return attend(score, query, keys, values, mask.dense(query.shape[2]), params, **options)
   return Variant(score.init, score.prepare, attend_with_score)
 
 
@@ -263,13 +197,13 @@ VARIANTS: dict[str, Variant] = {
     "linear": Variant(
         _no_params, _keys_as_they_are,
         lambda query, keys, values, mask, params: linear_attention(query, keys, values, mask),
-        weight_dropout=False, packs=False),
+        weight_dropout=False, packs=False, normalizes=False),
     # A window over source positions would not follow the alignment between the two
     # sentences, so cross-attention stays full scaled dot-product attention.
     "local": Variant(
         _no_params, _keys_as_they_are,
-        lambda query, keys, values, mask, params, attention_window: local_attention(
-            query, keys, values, mask, attention_window),
+        lambda query, keys, values, mask, params, attention_window, **options: local_attention(
+            query, keys, values, mask, attention_window, **options),
         weight_dropout=False, cross="scaled_dot", hyperparameters=("attention_window",)),
 }
 
@@ -298,8 +232,19 @@ def _ungroup_rows(x: jnp.ndarray, groups: int) -> jnp.ndarray:
   return x.reshape(b, h, groups, gq // groups, d).swapaxes(1, 2).reshape(-1, h, gq // groups, d)
 
 
+def hyperparameters(cfg, attention: str, positions: str | None = None,
+                    normalizer: str = "softmax") -> dict[str, Any]:
+  """The `config.model` fields that `attention`, `positions` and `normalizer` take (their
+  entries' `hyperparameters`), read from `cfg`: a `MultiHeadAttention`'s keyword arguments."""
+  names = VARIANTS[attention].hyperparameters + NORMALIZERS[normalizer].hyperparameters
+  if positions is not None:
+    names += POSITIONS[positions].hyperparameters
+  return {field: cfg[field] for field in names}
+
+
 class MultiHeadAttention(nnx.Module):
-  """Multi-head attention with the variant chosen by name.
+  """Multi-head attention with the variant, the positions inside it and the normalizer
+  chosen by name, and optionally fewer key/value heads than query heads.
 
   `project_kv` turns inputs into (prepared) keys and values separately from
   the query path, so callers compute them once (the cross-attention memory,
@@ -307,56 +252,102 @@ class MultiHeadAttention(nnx.Module):
   """
 
   def __init__(self, dim: int, num_heads: int, *, attention: str, dropout_rate: float,
-               rngs: nnx.Rngs, max_keys: int = 0, dtype: Any = None, **hyperparameters):
-    """`hyperparameters`: the variant's own (`Variant.hyperparameters`), bound here."""
+               rngs: nnx.Rngs, max_keys: int = 0, dtype: Any = None, num_kv_heads: int = 0,
+               positions: str | None = None, normalizer: str = "softmax", **hyperparameters):
+    """`num_kv_heads`: key/value heads, each shared by `num_heads / num_kv_heads` query heads
+    (Shazeer, 2019; Ainslie et al., 2023); 0: one per query head. `positions`: a
+    `POSITIONS` entry that acts inside attention (None: none). `hyperparameters`: the
+    variant's, the positions' and the normalizer's own (`hyperparameters(cfg, ...)`)."""
     self.num_heads = num_heads
-    self.attention = attention  # The name (static); `variant` looks it up.
-    missing = set(self.variant.hyperparameters) - set(hyperparameters)
-    if missing or set(hyperparameters) - set(self.variant.hyperparameters):
-      raise TypeError(f"{attention} attention takes the hyperparameters"
-                      f" {self.variant.hyperparameters}, not {tuple(hyperparameters)}.")
+    self.num_kv_heads = num_kv_heads or num_heads
+    # The names (static); `variant`, `position` and `normalize` look them up.
+    self.attention, self.position_name, self.normalizer = attention, positions, normalizer
+    declared = set(self.variant.hyperparameters + self._normalizer.hyperparameters
+                   + (self.position.hyperparameters if self.position else ()))
+    if set(hyperparameters) != declared:
+      raise TypeError(f"{attention} attention with positions {positions} and {normalizer}"
+                      f" takes the hyperparameters {sorted(declared)}, not"
+                      f" {sorted(hyperparameters)}.")
     self.hyperparameters = tuple(sorted(hyperparameters.items()))  # Static.
     head_dim = dim // num_heads
-    self.score_params = self.variant.init(num_heads, head_dim, max_keys, rngs)
-    linear = lambda: Linear(dim, dim, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
-    self.query, self.key, self.value, self.out = linear(), linear(), linear(), linear()
+    self.score_params = self.variant.init(self.num_kv_heads, head_dim, max_keys, rngs)
+    self.position_params = (self.position.init(head_dim, rngs, **self._options(self.position))
+                            if self.position and self.position.init else None)
+    linear = lambda out: Linear(dim, out, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
+    kv_dim = self.num_kv_heads * head_dim
+    self.query, self.key, self.value, self.out = linear(dim), linear(kv_dim), linear(kv_dim), \
+        linear(dim)
     self.dropout = Dropout(dropout_rate)
 
   @property
   def variant(self) -> Variant:
     return VARIANTS[self.attention]
 
-  def project_kv(self, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """`[batch, k, dim]` -> (prepared keys, values), each `[batch, heads, k, head_dim]`."""
-    keys = self.variant.prepare(split_heads(self.key(x), self.num_heads), self.score_params)
-    return keys, split_heads(self.value(x), self.num_heads)
+  @property
+  def position(self) -> Positions | None:
+    return POSITIONS[self.position_name] if self.position_name else None
 
-  def __call__(self, x, keys, values, mask: Mask, *, rngs: nnx.Rngs | None = None,
-               return_weights: bool = False):
+  @property
+  def _normalizer(self) -> Normalizer:
+    return NORMALIZERS[self.normalizer]
+
+  def _options(self, entry) -> dict[str, Any]:
+    """The bound hyperparameters that `entry` (a variant, positions or normalizer) takes."""
+    return {k: v for k, v in self.hyperparameters if k in entry.hyperparameters}
+
+  def project_kv(self, x: jnp.ndarray, positions: jnp.ndarray | None = None):
+    """`[batch, k, dim]` -> (prepared keys, values), each `[batch, kv_heads, k, head_dim]`;
+    keys turned by their `positions [batch or 1, k]` where the positions rotate them."""
+    keys = split_heads(self.key(x), self.num_kv_heads)
+    if positions is not None and self.position and self.position.rotate:
+      keys = self.position.rotate(keys, positions)
+    keys = self.variant.prepare(keys, self.score_params)
+    return keys, split_heads(self.value(x), self.num_kv_heads)
+
+  def __call__(self, x, keys, values, mask: Mask, *, positions=None,
+               rngs: nnx.Rngs | None = None, return_weights: bool = False):
     """Attends from `x [batch, q, dim]` to projected `keys`/`values`.
+
+    `positions`: (query positions `[batch or 1, q]`, key positions `[batch or 1, k]`), for
+    positions that act inside attention (self-attention), or None.
 
     Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked.
     """
     query = split_heads(self.query(x), self.num_heads)
+    options = self._options(self.variant)
+    if self.normalizer != "softmax":  # A variant's own default is the softmax.
+      options["normalizer"] = functools.partial(self._normalizer.normalize,
+                                                **self._options(self._normalizer))
+    relative, entry = None, self.position
+    if positions is not None and entry is not None:
+      if entry.rotate:
+        query = entry.rotate(query, positions[0])
+      relative = positions[1][:, None, :] - positions[0][:, :, None]  # [b or 1, q, k]
+      if entry.bias:
+        bias = entry.bias(query, relative, self.position_params, self.num_heads)
+        options["bias"] = jnp.broadcast_to(bias, query.shape[:2] + bias.shape[2:])
     # Fewer key rows than query rows: each sentence's keys serve `groups` adjacent query
     # rows (its beams), which attend together as one row's `groups * q` queries.
     groups = query.shape[0] // keys.shape[0]
     if groups > 1:
       query = _group_rows(query, groups)
+      if "bias" in options:
+        options["bias"] = _group_rows(options["bias"], groups)
     context, weights = self.variant.attend(query, keys, values, mask, self.score_params,
-                                           **dict(self.hyperparameters))
+                                           **options)
     if groups > 1:
       context, weights = _ungroup_rows(context, groups), _ungroup_rows(weights, groups)
     # Dropout on the attention weights only changes the weighted sum. Its mask is drawn for
     # the query rows as they are (so grouped beams drop what they would ungrouped), and the
     # sum is taken grouped again, over each sentence's one copy of the values.
+    used = weights
     if rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout:
-      dropped = self.dropout(weights, deterministic=False, rngs=rngs)
-      if groups > 1:
-        dropped = _group_rows(dropped, groups)
-      context = jnp.einsum("bhqk,bhkd->bhqd", dropped, values)
+      used = self.dropout(weights, deterministic=False, rngs=rngs)
+      context = weighted_sum(_group_rows(used, groups) if groups > 1 else used, values)
       if groups > 1:
         context = _ungroup_rows(context, groups)
+    if relative is not None and entry.value:
+      context = context + entry.value(used, relative, self.position_params)
     out = self.out(merge_heads(context))
     return (out, weights) if return_weights else out
 

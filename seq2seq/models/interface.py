@@ -30,6 +30,10 @@ class Seq2SeqModel(Protocol):
   # Whether it takes packed rows (several sentences per row: `segments`, `positions`);
   # read through `seq2seq.models.can_pack(family)`.
   PACKS: ClassVar[bool]
+  # The `config.model.positions` names it takes (models.positions.POSITIONS).
+  POSITION_NAMES: ClassVar[tuple[str, ...]]
+  # Whether its attention may share key/value heads (`config.model.num_kv_heads`).
+  SHARES_KV_HEADS: ClassVar[bool]
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

@@ -193,6 +193,8 @@ class RNN(nnx.Module):
   # The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
   ATTENTION_NAMES = ("none", *SCORES)
   PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
+  POSITION_NAMES = ("sinusoidal",)  # The default, ignored: its recurrence orders the words.
+  SHARES_KV_HEADS = False  # One attention head: no key/value heads to share.
   # Teacher forcing takes the logits of every step in one product after the loop
   # (`rnn_reference` computes them inside, as a decoder written step by step does).
   LOGITS_IN_LOOP = False
@@ -242,8 +244,6 @@ class RNN(nnx.Module):
     self.combine = linear(2 * hidden, emb, use_bias=False)  # W_c
     self.logits_dense = None if cfg.share_embeddings else linear(emb, vocab_size)
 
-  # ----------------------------------------------------------------- encoder
-
   def encode(self, src_ids: jnp.ndarray, *, segments: jnp.ndarray | None = None,
              positions: jnp.ndarray | None = None, rngs: nnx.Rngs | None = None) -> Memory:
     """Encodes `src_ids [batch, src_len]` (PAD_ID-padded); packed rows are refused (PACKS)."""
@@ -281,8 +281,6 @@ class RNN(nnx.Module):
 
   def _bridged_carry(self, h: jnp.ndarray) -> Carry:
     return (jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
-
-  # ----------------------------------------------------------------- decoder
 
   def _attend(self, memory: Memory, query: jnp.ndarray):
     """`query [batch, q, hidden]` -> context `[batch, q, hidden]`, weights `[batch, q, src]`."""

@@ -12,13 +12,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 
 from seq2seq.models import masks
 from seq2seq.models.attention import VARIANTS, MultiHeadAttention, hyperparameters
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear
+from seq2seq.models.positions import POSITIONS, sinusoidal_positions  # noqa: F401 (re-export)
 
 KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
 
@@ -42,7 +42,7 @@ class Memory(NamedTuple):
 
 class Cache(NamedTuple):
   """Decoder self-attention state for step-by-step decoding."""
-  self_kv: tuple[KeyValue, ...]  # per decoder layer, [batch, heads, max_len, head_dim]
+  self_kv: tuple[KeyValue, ...]  # per decoder layer, [batch, kv_heads, max_len, head_dim]
   index: jnp.ndarray  # scalar int32: position of the next token
 
   def resized(self, length: int) -> "Cache":
@@ -56,13 +56,6 @@ class Cache(NamedTuple):
         return x[:, :, :length]
       return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
     return self._replace(self_kv=tuple((fit(k), fit(v)) for k, v in self.self_kv))
-
-
-def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
-  """Sinusoidal position encodings, `[...] -> [..., dim]` (Vaswani et al., 3.5)."""
-  inv_freq = np.exp(-np.log(10_000.0) * np.arange(0, dim, 2) / dim)
-  angles = positions[..., None].astype(jnp.float32) * inv_freq
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
 
 def _dropout(layer: Dropout, x: jnp.ndarray, rngs: nnx.Rngs | None) -> jnp.ndarray:
@@ -101,10 +94,19 @@ class Sublayers(nnx.Module):
 def _attention(cfg, rngs, dtype, *, cross: bool = False):
   # A variant may name another for cross-attention (`local` keeps it full: VARIANTS).
   attention = (VARIANTS[cfg.attention].cross or cfg.attention) if cross else cfg.attention
+  # Positions act inside self-attention only, and only where the scheme does (POSITIONS).
+  positions = None if cross or not POSITIONS[cfg.positions].in_attention else cfg.positions
   return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
                             dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
-                            max_keys=cfg.max_len, dtype=dtype,
-                            **hyperparameters(attention, cfg))
+                            max_keys=cfg.max_len, dtype=dtype, num_kv_heads=cfg.num_kv_heads,
+                            positions=positions, normalizer=cfg.attention_normalizer,
+                            **hyperparameters(cfg, attention, positions,
+                                              cfg.attention_normalizer))
+
+
+def _rows(positions: jnp.ndarray) -> jnp.ndarray:
+  """Positions as `[batch or 1, n]` (one row shared by every sentence when unpacked)."""
+  return positions if positions.ndim == 2 else positions[None]
 
 
 class EncoderLayer(nnx.Module):
@@ -113,11 +115,13 @@ class EncoderLayer(nnx.Module):
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
     self.sub = Sublayers(cfg, 2, rngs, dtype)
 
-  def __call__(self, x, mask, rngs=None, *, return_weights=False):
-    """One encoder block: `x`, and its self-attention weights when `return_weights`."""
+  def __call__(self, x, mask, positions, rngs=None, *, return_weights=False):
+    """One encoder block: `x`, and its self-attention weights when `return_weights`.
+    `positions [batch or 1, src_len]`: each token's position in its sentence."""
     h = self.sub.input(0, x)
-    attended, weights = self.self_attention(h, *self.self_attention.project_kv(h), mask,
-                                            rngs=rngs, return_weights=True)
+    attended, weights = self.self_attention(h, *self.self_attention.project_kv(h, positions),
+                                            mask, positions=(positions, positions), rngs=rngs,
+                                            return_weights=True)
     x = self.sub.output(0, x, attended, rngs)
     x = self.sub.output(1, x, self.mlp(self.sub.input(1, x), rngs), rngs)
     return (x, weights) if return_weights else x
@@ -130,8 +134,8 @@ class DecoderLayer(nnx.Module):
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
     self.sub = Sublayers(cfg, 3, rngs, dtype)
 
-  def __call__(self, x, self_mask, cross_kv, cross_mask, *, cache=None, index=None, rngs=None,
-               return_weights=False):
+  def __call__(self, x, self_mask, cross_kv, cross_mask, positions, *, cache=None, index=None,
+               rngs=None, return_weights=False):
     """One decoder block.
 
     Args:
@@ -139,6 +143,7 @@ class DecoderLayer(nnx.Module):
       self_mask: causal mask (teacher forcing) or cache mask (stepping).
       cross_kv: this layer's projected encoder keys/values.
       cross_mask: the source padding mask.
+      positions: `[batch or 1, t]`, the positions of `x`'s tokens in their sentences.
       cache: this layer's `(keys, values)` cache, `[batch, heads, max_len, head_dim]`, or None.
       index: scalar position written in the cache.
 
@@ -147,13 +152,16 @@ class DecoderLayer(nnx.Module):
       plus the (self-, cross-)attention weights when `return_weights`.
     """
     h = self.sub.input(0, x)
-    keys, values = self.self_attention.project_kv(h)
+    keys, values = self.self_attention.project_kv(h, positions)
+    key_positions = positions
     if cache is not None:
       keys = jax.lax.dynamic_update_slice(cache[0], keys.astype(cache[0].dtype), (0, 0, index, 0))
       values = jax.lax.dynamic_update_slice(cache[1], values.astype(cache[1].dtype),
                                             (0, 0, index, 0))
-    attended, self_weights = self.self_attention(h, keys, values, self_mask, rngs=rngs,
-                                                 return_weights=True)
+      key_positions = jnp.arange(keys.shape[2])[None]
+    attended, self_weights = self.self_attention(h, keys, values, self_mask,
+                                                 positions=(positions, key_positions),
+                                                 rngs=rngs, return_weights=True)
     x = self.sub.output(0, x, attended, rngs)
     cross, weights = self.cross_attention(self.sub.input(1, x), *cross_kv, cross_mask, rngs=rngs,
                                           return_weights=True)
@@ -171,12 +179,22 @@ class Transformer(nnx.Module):
   # reads a query's position weights from the query alone (an RNN decoder's alignment model).
   ATTENTION_NAMES = tuple(name for name in VARIANTS if name != "location")
   PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
+  POSITION_NAMES = tuple(POSITIONS)  # Every way of giving word order.
+  SHARES_KV_HEADS = True  # `config.model.num_kv_heads` may be fewer than the query heads.
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
     if cfg.emb_dim % cfg.num_heads:
       return (f"config.model.emb_dim={cfg.emb_dim} is not divisible by"
               f" config.model.num_heads={cfg.num_heads}; choose sizes where it is.")
+    if cfg.num_kv_heads and cfg.num_heads % cfg.num_kv_heads:
+      return (f"config.model.num_kv_heads={cfg.num_kv_heads} does not divide"
+              f" config.model.num_heads={cfg.num_heads}; each key/value head serves the same"
+              " number of query heads: choose a divisor (1 is multi-query attention).")
+    if POSITIONS[cfg.positions].rotate and (cfg.emb_dim // cfg.num_heads) % 2:
+      return (f"config.model.positions={cfg.positions!r} turns pairs of features, but the heads"
+              f" have {cfg.emb_dim // cfg.num_heads} (emb_dim / num_heads, odd); choose sizes"
+              " that give heads an even size.")
     return None
 
   def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
@@ -184,6 +202,8 @@ class Transformer(nnx.Module):
     """`dtype` is the computation's (e.g. bfloat16); parameters stay float32."""
     self.dim = cfg.emb_dim
     self.num_heads = cfg.num_heads
+    self.num_kv_heads = cfg.num_kv_heads or cfg.num_heads
+    self.positions = cfg.positions  # The name (static): POSITIONS[self.positions].
     embed = lambda: nnx.Embed(  # noqa: E731
         vocab_size, cfg.emb_dim, dtype=dtype, rngs=rngs,
         embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5))
@@ -201,11 +221,19 @@ class Transformer(nnx.Module):
     final_norm = lambda: (nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)  # noqa: E731
                           if cfg.pre_ln else None)
     self.encoder_norm, self.decoder_norm = final_norm(), final_norm()
+    # Learned positions: one table for source and target (Gehring et al., 2017, keep two;
+    # one table suits the tied embeddings here), initialized as fairseq's.
+    self.position_table = nnx.Embed(
+        cfg.max_len, cfg.emb_dim, dtype=dtype, rngs=rngs,
+        embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5),
+    ) if POSITIONS[cfg.positions].learned_table else None
 
   def _embed(self, table: nnx.Embed, ids, positions, rngs):
     x = table(ids)
-    x = x * jnp.sqrt(self.dim).astype(x.dtype) + sinusoidal_positions(positions,
-                                                                       self.dim).astype(x.dtype)
+    x = x * jnp.sqrt(self.dim).astype(x.dtype)
+    embed = POSITIONS[self.positions].embed
+    if embed is not None:
+      x = x + embed(positions, self.dim, self.position_table).astype(x.dtype)
     return _dropout(self.dropout, x, rngs)
 
   def _logits(self, y):
@@ -227,7 +255,7 @@ class Transformer(nnx.Module):
       positions = jnp.arange(src_ids.shape[1])
     x = self._embed(self.src_embed, src_ids, positions, rngs)
     for layer in self.encoder_layers:
-      x = layer(x, src_mask, rngs)
+      x = layer(x, src_mask, _rows(positions), rngs)
     if self.encoder_norm is not None:
       x = self.encoder_norm(x)
     cross_kv = tuple(layer.cross_attention.project_kv(x) for layer in self.decoder_layers)
@@ -247,7 +275,7 @@ class Transformer(nnx.Module):
     self_mask = masks.decoder_self_mask(tgt_in_ids, segments)
     cross_mask = masks.cross_mask(memory.src_mask, segments)
     for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
-      y, _ = layer(y, self_mask, kv, cross_mask, rngs=rngs)
+      y, _ = layer(y, self_mask, kv, cross_mask, _rows(positions), rngs=rngs)
     return self._logits(y)
 
   def attention_weights(self, src_ids: jnp.ndarray,
@@ -256,19 +284,20 @@ class Transformer(nnx.Module):
     `[layers, batch, heads, queries, keys]`: `cross` (target on source), `encoder` (source on
     source) and `decoder` (target on the target so far: causal)."""
     src_mask = masks.padding_mask(src_ids)
-    x = self._embed(self.src_embed, src_ids, jnp.arange(src_ids.shape[1]), None)
+    src_positions, tgt_positions = jnp.arange(src_ids.shape[1]), jnp.arange(tgt_in_ids.shape[1])
+    x = self._embed(self.src_embed, src_ids, src_positions, None)
     encoder = []
     for layer in self.encoder_layers:
-      x, weights = layer(x, src_mask, return_weights=True)
+      x, weights = layer(x, src_mask, _rows(src_positions), return_weights=True)
       encoder.append(weights)
     if self.encoder_norm is not None:
       x = self.encoder_norm(x)
-    y = self._embed(self.tgt_embed, tgt_in_ids, jnp.arange(tgt_in_ids.shape[1]), None)
+    y = self._embed(self.tgt_embed, tgt_in_ids, tgt_positions, None)
     self_mask = masks.decoder_self_mask(tgt_in_ids)
     decoder, cross = [], []
     for layer in self.decoder_layers:
       y, _, (self_weights, weights) = layer(y, self_mask, layer.cross_attention.project_kv(x),
-                                            src_mask, return_weights=True)
+                                            src_mask, _rows(tgt_positions), return_weights=True)
       decoder.append(self_weights)
       cross.append(weights)
     return {"cross": jnp.stack(cross), "encoder": jnp.stack(encoder),
@@ -277,7 +306,7 @@ class Transformer(nnx.Module):
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """An empty cache for decoding up to `max_len` target tokens."""
     batch = memory.encoded.shape[0]
-    shape = (batch, self.num_heads, max_len, self.dim // self.num_heads)
+    shape = (batch, self.num_kv_heads, max_len, self.dim // self.num_heads)
     dtype = memory.encoded.dtype
     zeros = lambda: jnp.zeros(shape, dtype)  # noqa: E731
     return Cache(tuple((zeros(), zeros()) for _ in self.decoder_layers),
@@ -291,6 +320,7 @@ class Transformer(nnx.Module):
     new_kv = []
     for layer, kv, layer_cache in zip(self.decoder_layers, memory.cross_kv, cache.self_kv,
                                       strict=True):
-      y, updated = layer(y, self_mask, kv, memory.src_mask, cache=layer_cache, index=cache.index)
+      y, updated = layer(y, self_mask, kv, memory.src_mask, cache.index[None, None],
+                         cache=layer_cache, index=cache.index)
       new_kv.append(updated)
     return self._logits(y)[:, 0], Cache(tuple(new_kv), cache.index + 1)
