@@ -118,6 +118,9 @@ def _train_defaults() -> ml_collections.ConfigDict:
   t.steps_per_call = 1
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
   t.patience = 0  # Stop after N evaluations without a better validation BLEU (0 = never).
+  # Extensions chosen by name, none by default (docs/extending.md; checked by the driver):
+  t.loss_terms = ""  # Loss terms added to the objective: "name:weight,..." (e.g. "z_loss:1e-4").
+  t.actions = ""  # Loop actions run after the built-in ones: "name,..." (e.g. "param_norm").
   return t
 
 

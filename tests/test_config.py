@@ -7,15 +7,15 @@ import pytest
 from absl import flags
 
 from seq2seq import config as config_lib
-from seq2seq import models
 from seq2seq.commands import cli
+from seq2seq.training import loop
 from tests.helpers import ROOT, import_graph, load_config
 
 
 def check(config) -> None:
-  """What training checks first: the generic fields, then what the model family can do."""
-  config_lib.validate(config)
-  models.check_config(config)
+  """What training checks first: the generic fields, what the model family can do, and the
+  loss terms and loop actions it chooses."""
+  loop.check_config(config)
 
 
 def test_config_does_not_import_the_models():

@@ -312,6 +312,17 @@ CASES = [
      "config.compile.train_options='xla_cpu_enable_fast_math=false,,xla_gpu_autotune_level=0'"
      " has an empty item (two commas in a row, or one at an end); separate its name=value"
      " options by single commas."),
+    ("unknown loss term", lambda r, t, v: train_with(t / "new", train__loss_terms="zloss:1e-4"),
+     "config.train.loss_terms='zloss:1e-4': 'zloss' is not a registered loss term; the"
+     " registered ones are: z_loss (docs/extending.md adds one)."),
+    ("loss term without its weight",
+     lambda r, t, v: train_with(t / "new", train__loss_terms="z_loss"),
+     "config.train.loss_terms='z_loss': 'z_loss' is not name:weight; pass items such as"
+     " config.train.loss_terms=z_loss:1e-4 (several separated by commas)."),
+    ("unknown loop action",
+     lambda r, t, v: train_with(t / "new", train__actions="param_norm,lr_finder"),
+     "config.train.actions='param_norm,lr_finder': 'lr_finder' is not a registered loop action;"
+     " the registered ones are: param_norm (docs/extending.md adds one)."),
     ("unexpanded tilde", lambda r, t, v: train_with("~/seq2seq-test-new"),
      "--workdir=~/seq2seq-test-new starts with '~', which the shell does not expand after '=';"
      " write the path out, e.g. --workdir=" + str(Path("~/seq2seq-test-new").expanduser())

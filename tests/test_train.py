@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import types
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +25,14 @@ from flax import nnx
 
 from seq2seq import config as config_lib
 from seq2seq.data import batching, corpus, tokenizer
+from seq2seq.data.special_ids import PAD_ID
 from seq2seq.errors import UserError
 from seq2seq.models import ATTENTION_BY_FAMILY, build_model
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.train_state import learning_rate_schedule, make_optimizer, new_train_state
 from seq2seq.runs.workdirs import WorkdirLock
-from seq2seq.training import loop
+from seq2seq.training import actions, loop, reports, steps
+from seq2seq.training.reports import due_every
 from seq2seq.training.steps import cross_entropy, train_step
 from seq2seq.training.trainer import Trainer
 from tests.helpers import ENV, ROOT, damage_checkpoint, fast_tiny_config, load_config, read_metrics
@@ -477,85 +480,130 @@ def test_a_vocabulary_left_by_a_stopped_first_start_is_trained_again(run, tmp_pa
   assert tokenizer.Tokenizer.load(workdir / "vocab" / "spm.model").vocab_size == 300
 
 
-def _settings(label_smoothing: float, grad_accum_steps: int = 1) -> ml_collections.ConfigDict:
+def _settings(label_smoothing: float, grad_accum_steps: int = 1,
+              loss_terms: str = "") -> ml_collections.ConfigDict:
   """The config.train fields `train_step` reads."""
   return ml_collections.ConfigDict({"label_smoothing": label_smoothing,
-                                    "grad_accum_steps": grad_accum_steps})
+                                    "grad_accum_steps": grad_accum_steps,
+                                    "loss_terms": loss_terms})
 
 
-@pytest.mark.slow  # Three tiny runs: over ~7 s.
-def test_a_loss_term_added_in_steps_trains_and_is_logged_per_token(tmp_path, tiny_config,
-                                                                   monkeypatch):
-  """docs/extending.md, "A loss term": an L2 penalty returned by `steps.extra_terms`, with its
-  config field, is part of the objective and logged under its name, with no other edit. At
-  weight 0 the run is the plain run's."""
-  from seq2seq import config as config_lib
-  from seq2seq.training import steps
+def test_z_loss_is_the_squared_log_normalizer_summed_over_the_targets():
+  """PaLM's z-loss by hand: logits of 2.0 over 8 words have log Z = 2 + log 8 at each of the
+  3 real targets (PAD counts nothing); random logits, numpy's float64 log-sum-exp."""
+  targets = jnp.array([[5, 6, PAD_ID], [7, PAD_ID, PAD_ID]])
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  z = steps.z_loss(jnp.full((2, 3, 8), 2.0), targets, weights, None)
+  np.testing.assert_allclose(z, 3 * (2 + np.log(8)) ** 2, rtol=1e-6)
+  logits = 4.0 * jax.random.normal(jax.random.key(0), (2, 3, 8))
+  log_z = np.log(np.sum(np.exp(np.asarray(logits, np.float64)), axis=-1))
+  np.testing.assert_allclose(steps.z_loss(logits, targets, weights, None),
+                             np.sum(log_z ** 2 * np.asarray(weights)), rtol=1e-6)
 
-  base_config = config_lib.base_config
 
-  def with_l2_field():  # The field as config.py would declare it.
-    c = base_config()
-    c.train.l2 = 0.0
-    return c
+def test_a_registry_takes_each_name_once_and_a_registration_can_be_undone():
+  with pytest.raises(ValueError, match="'z_loss' is already registered"):
+    steps.register_loss_term("z_loss")
+  with pytest.raises(ValueError, match="reserved"):  # It would hide the train record's own.
+    steps.register_loss_term("nll")
+  with actions.ACTIONS.registered("noop", object):
+    assert actions.ACTIONS.chosen(" noop ") == {"noop": None}
+  assert "noop" not in actions.ACTIONS
+  assert steps.LOSS_TERMS.chosen("z_loss:1e-4") == {"z_loss": 1e-4}
+  assert steps.LOSS_TERMS.chosen("") == actions.ACTIONS.chosen("") == {}  # The defaults.
 
-  def l2_penalty(params, tokens, train):
-    squares = sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(params))
-    return {"l2": train.l2 * tokens * squares}  # Summed over tokens, as the loss is.
 
-  tiny_config.train.num_steps, tiny_config.eval.every_steps = 2, 2
-  tiny_config.train.log_every_steps = 1
-  loop.train_and_evaluate(tiny_config, tmp_path / "plain")  # Without the field or term.
-  monkeypatch.setattr(config_lib, "base_config", with_l2_field)
-  monkeypatch.setattr(steps, "extra_terms", l2_penalty)
-  records = {}
-  for weight in (0.0, 1e-2):
-    config = copy.deepcopy(tiny_config)
-    with config.unlocked():
-      config.train.l2 = weight  # The term's config field.
-    loop.train_and_evaluate(config, tmp_path / str(weight))
-    records[weight] = [r for r in read_metrics(tmp_path / str(weight)) if r["split"] == "train"]
-  plain = [r for r in read_metrics(tmp_path / "plain") if r["split"] == "train"]
-  # A zero term changes nothing but XLA's fusion of the gradient: the last bits may round
-  # differently.
-  np.testing.assert_allclose([r["loss"] for r in records[0.0]], [r["loss"] for r in plain],
-                             rtol=1e-6)
-  assert [r["l2"] for r in records[0.0]] == [0.0, 0.0] and "l2" not in plain[0]
-  penalized = records[1e-2]
-  assert penalized[0]["loss"] == plain[0]["loss"]  # Step 1: the initial parameters.
-  assert penalized[0]["l2"] > 0 and penalized[1]["loss"] != plain[1]["loss"]
+def per_target_token(logits, targets, weights, params):
+  """A loss term of 1 per target token: a known value, and no gradient."""
+  del logits, targets, params
+  return jnp.sum(weights)
+
+
+def test_a_registered_loss_term_adds_its_weighted_value_and_the_default_is_unchanged(
+    tiny_batches):
+  """A term registered for the test (`LOSS_TERMS.registered`; in steps.py,
+  `@register_loss_term`) and chosen by config.train.loss_terms: the train step returns it
+  times its weight, exactly, and the train record logs it per token; the cross-entropy's sums
+  stay bit for bit the default's (no term), and so do the gradient and the update, since this
+  term has none. z_loss is its known value on the step's logits, and changes the gradient."""
+  c, vocab, batches = tiny_batches
+  c = copy.deepcopy(c)
+  c.model.dropout_rate, c.train.warmup_steps = 0.0, 0  # Step 1 updates the parameters.
+  graphdef, params = nnx.split(build_model(c, vocab), nnx.Param)
+  optimizer, batch = make_optimizer(c.train), batches[0]
+
+  def one_step(loss_terms: str):
+    step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef, optimizer=optimizer,
+                                              train=_settings(0.1, loss_terms=loss_terms)))
+    return step(new_train_state(params, optimizer), batch, jax.random.key(0))
+
+  with steps.LOSS_TERMS.registered("per_token", per_target_token):
+    (plain_state, plain), (same_state, same), (_, z) = [
+        one_step(terms) for terms in ("", "per_token:0.5", "z_loss:1e-4")]
+  assert "per_token" not in steps.LOSS_TERMS and "z_loss" not in plain
+  for metrics in (same, z):
+    assert {k: float(metrics[k]) for k in ("loss", "nll", "tokens")} == {
+        k: float(plain[k]) for k in ("loss", "nll", "tokens")}
+  assert float(same["grad_norm"]) == float(plain["grad_norm"]) != float(z["grad_norm"])
+  assert float(same["per_token"]) == 0.5 * float(plain["tokens"])
+  assert reports.train_record([jax.device_get(same)], 1.0, 0.0)["per_token"] == 0.5
+  for a, b in zip(jax.tree.leaves(plain_state.params), jax.tree.leaves(same_state.params),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  model = nnx.merge(graphdef, params)
+  log_z = jax.nn.logsumexp(model.decode(model.encode(batch["src"]), batch["tgt_in"]), axis=-1)
+  known = 1e-4 * np.sum(np.square(log_z) * (batch["tgt_out"] != PAD_ID))
+  np.testing.assert_allclose(z["z_loss"], known, rtol=1e-5)
+
+
+def test_param_norm_writes_the_global_norm_with_each_train_record():
+  written = []
+  writer = types.SimpleNamespace(write=lambda *record: written.append(record))
+  config = config_lib.base_config()
+  config.train.num_steps, config.train.log_every_steps = 7, 3
+  action = actions.ACTIONS["param_norm"](types.SimpleNamespace(writer=writer), config)
+  assert [done for done in range(1, 8) if action.due(done)] == [3, 6, 7]
+  action(types.SimpleNamespace(params={"a": jnp.array([3.0]), "b": jnp.array([[0.0, 4.0]])}), 3)
+  assert written == [(3, "param_norm", {"norm": 5.0})]
+
+
+class MaxAbsParam:
+  """docs/extending.md's loop action: the largest absolute parameter, every 3 steps and after
+  the last."""
+
+  def __init__(self, run, config):  # run: the run's RunActions (its writer, workdir, ...).
+    self.writer, self.num_steps = run.writer, config.train.num_steps
+
+  def due(self, done):
+    return due_every(3, done, self.num_steps)
+
+  def __call__(self, state, done):  # The run's own state: a seed group's member's.
+    biggest = max(float(abs(p).max()) for p in jax.tree.leaves(state.params))
+    self.writer.write(done, "max_abs_param", {"value": biggest})
 
 
 @pytest.mark.slow  # Two tiny runs: over ~7 s.
-def test_a_loop_action_registered_in_one_line_runs_when_due_with_any_steps_per_call(
-    tmp_path, tiny_config, monkeypatch):
-  """docs/extending.md, "Adding an action to the training loop": a class and the one line
-  that registers it (actions.EXTRA_ACTIONS) log the parameters' norm every 3 steps and after
-  the last; calls of several steps stop where it is due, so it falls on the same steps with
-  the same state as with one step per call."""
-  from seq2seq.training import actions, reports
-
-  class ParamNorm:
-    def __init__(self, run, config):
-      self.writer, self.num_steps = run.writer, config.train.num_steps
-
-    def due(self, done):
-      return reports.due_every(3, done, self.num_steps)
-
-    def __call__(self, state, done):
-      self.writer.write(done, "param_norm", {"norm": float(optax.tree.norm(state.params))})
-
-  monkeypatch.setattr(actions, "EXTRA_ACTIONS", [ParamNorm])  # The one line.
+def test_a_registered_loop_action_runs_when_due_with_any_steps_per_call(tmp_path, tiny_config):
+  """docs/extending.md, "A loop action": a class registered for the test
+  (`ACTIONS.registered`; in actions.py, `@register_action`) and chosen by
+  config.train.actions, with the shipped `param_norm`, runs every 3 steps and after the last;
+  calls of several steps stop where it is due, so it falls on the same steps with the same
+  state as with one step per call."""
   tiny_config.train.num_steps = tiny_config.eval.every_steps = 7
   tiny_config.train.log_every_steps = 7
-  norms = {}
-  for k in (1, 4):
-    tiny_config.train.steps_per_call = k
-    loop.train_and_evaluate(tiny_config, tmp_path / f"k{k}")
-    norms[k] = [(r["step"], r["norm"]) for r in read_metrics(tmp_path / f"k{k}")
-                if r["split"] == "param_norm"]
-  assert [step for step, _ in norms[1]] == [step for step, _ in norms[4]] == [3, 6, 7]
-  np.testing.assert_allclose([n for _, n in norms[4]], [n for _, n in norms[1]], rtol=1e-6)
+  tiny_config.train.actions = "max_abs_param,param_norm"
+  records = {}
+  with actions.ACTIONS.registered("max_abs_param", MaxAbsParam):
+    for k in (1, 4):
+      tiny_config.train.steps_per_call = k
+      loop.train_and_evaluate(tiny_config, tmp_path / f"k{k}")
+      records[k] = [(r["step"], r["split"], r.get("value", r.get("norm")))
+                    for r in read_metrics(tmp_path / f"k{k}")
+                    if r["split"] in ("max_abs_param", "param_norm")]
+  assert [(step, split) for step, split, _ in records[1]] == [
+      (3, "max_abs_param"), (6, "max_abs_param"), (7, "max_abs_param"), (7, "param_norm")]
+  assert [r[:2] for r in records[4]] == [r[:2] for r in records[1]]
+  np.testing.assert_allclose([r[2] for r in records[4]], [r[2] for r in records[1]], rtol=1e-6)
 
 
 # The commit before training/seeds.py (issue 45): the code that issue 43's sweeps started under.
@@ -582,8 +630,12 @@ def test_a_checkpoint_of_the_code_before_resumes_to_the_same_parameters(tmp_path
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2  # Checkpoints at 2 and 4.
   workdir = tmp_path / "run"
-  script = ("import sys, seq2seq; from seq2seq import config; from seq2seq.training import loop;"
-            " loop.train_and_evaluate(config.from_json(sys.argv[1]), sys.argv[2]);"
+  # The fields newer than BEFORE, at their defaults (which train as the code before did), are
+  # left out for the code before, which refuses fields it does not know.
+  script = ("import json, sys, seq2seq; from seq2seq import config; from seq2seq.training"
+            " import loop; base, saved = config.base_config(), json.loads(sys.argv[1]);"
+            " known = {s: {k: v for k, v in f.items() if k in base[s]} for s, f in saved.items()};"
+            " loop.train_and_evaluate(config.from_saved(known), sys.argv[2]);"
             " print(seq2seq.__file__)")
   done = subprocess.run([sys.executable, "-c", script, config_lib.to_json(c), str(workdir)],
                         env=dict(ENV, PYTHONPATH=str(before)), cwd=tmp_path,

@@ -22,7 +22,6 @@ import jax
 import ml_collections
 
 from seq2seq import config as config_lib
-from seq2seq import models
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import Checkpoints
@@ -133,9 +132,9 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
     jax.config.update("jax_platforms", "cpu")
   root = Path(root)
   runs = expand(config, specs)
+  from seq2seq.training import loop  # Its check reads the loss terms and loop actions.
   for _, run in runs:
-    config_lib.validate(run)  # Every combination is checked before any trains.
-    models.check_config(run)
+    loop.check_config(run)  # Every combination is checked before any trains.
   status = _Status()
   latest = {name: _latest_step(root / name, run) for name, run in runs}  # Read once.
   todo = []

@@ -3,8 +3,8 @@
 As clu's periodic actions and t5x's TerminateOnNanAction and EarlyStoppingAction: the
 divergence check, validation with its checkpoint, the periodic checkpoint, patience
 (`claim.EarlyStopping`), and the records of `reports`; and the stop signals agreed across
-processes (`signals.StopSignals`). Each
-owns one job; `RunActions.after_step` calls a run's in their order.
+processes (`signals.StopSignals`). Each owns one job; `RunActions.after_step` calls a run's in
+their order, then those that config.train.actions chooses from the registry `ACTIONS`.
 """
 
 import logging
@@ -13,12 +13,16 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
+import optax
+
 from seq2seq.errors import UserError
 from seq2seq.runs import claim
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.full_disk import full_disk_error
 from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runtime import signals
+from seq2seq.training.registry import Registry
 from seq2seq.training.reports import CompileLog, Interval, Progress, TrainLog, due_every
 
 log = logging.getLogger("seq2seq")
@@ -93,10 +97,31 @@ class ValidateAndSave:
       raise error from e
 
 
-# Actions of your own, after the built-in ones: classes built per run as `cls(run: RunActions,
-# config)`, with `due(done) -> bool` and `__call__(state, done)` (the run's own state).
-# docs/extending.md, "Adding an action to the training loop".
-EXTRA_ACTIONS: list[type] = []
+# The actions that config.train.actions adds after the built-in ones, by name ("param_norm"):
+# classes built per run as `cls(run: RunActions, config)`, with `due(done) -> bool` and
+# `__call__(state, done)` (the run's own state), called in the config's order. Registered with
+# `@register_action(name)` (docs/extending.md, "A loop action"). The built-in ones are not
+# chosen: the divergence check, validation with its checkpoint, the periodic checkpoint and
+# patience always run, in their order, from `RunActions.after_step`.
+ACTIONS = Registry("loop action", "config.train.actions", "param_norm")
+register_action = ACTIONS.register
+
+
+@register_action("param_norm")
+class ParamNorm:
+  """The parameters' global norm, with each train record (every config.train.log_every_steps
+  and after the last step): metrics.jsonl's split "param_norm", as `{"norm": ...}`. A norm
+  that climbs step after step is a run about to diverge."""
+
+  def __init__(self, run, config):
+    self.writer, self.every_steps = run.writer, config.train.log_every_steps
+    self.num_steps, self.norm = config.train.num_steps, jax.jit(optax.tree.norm)
+
+  def due(self, done: int) -> bool:
+    return due_every(self.every_steps, done, self.num_steps)
+
+  def __call__(self, state, done: int) -> None:
+    self.writer.write(done, "param_norm", {"norm": float(self.norm(state.params))})
 
 
 class Due(NamedTuple):
@@ -104,7 +129,7 @@ class Due(NamedTuple):
   train_record: bool
   validation: bool  # With its checkpoint.
   checkpoint: bool  # A periodic one.
-  extra: bool = False  # One of EXTRA_ACTIONS.
+  extra: bool = False  # One of those config.train.actions chooses (`ACTIONS`).
 
 
 class RunActions:
@@ -128,7 +153,7 @@ class RunActions:
                                     self.interval, self.label)
     self.save_every = config.checkpoint.every_steps  # Periodic checkpoints (0: none).
     self.early_stopping = claim.EarlyStopping(config, checkpoints)
-    self.extra = [action(self, config) for action in EXTRA_ACTIONS]
+    self.extra = [ACTIONS[name](self, config) for name in ACTIONS.chosen(config.train.actions)]
     self.last_eval: dict = {}
     self.ended: dict | Exception | None = None  # What the run returns, once it has ended.
 
@@ -161,7 +186,7 @@ class RunActions:
   def after_step(self, state, done: int, due: Due, stopping: str | None) -> None:
     """The actions after step `done` (`state`: what the train programs returned): the
     divergence check, the train record, validation (or a periodic checkpoint), patience,
-    those of EXTRA_ACTIONS; at a `stopping` signal, a checkpoint and the end."""
+    those config.train.actions chooses; at a `stopping` signal, a checkpoint and the end."""
     if any(due) or stopping:
       self.check_finite(done)  # Before anything is saved: no checkpoint holds a diverged state.
     if due.train_record:

@@ -22,7 +22,7 @@ from seq2seq.runs.full_disk import full_disk_is_user_error
 from seq2seq.runs.match import save_run_config
 from seq2seq.runs.train_state import TrainState
 from seq2seq.runtime import compiling, distributed, signals
-from seq2seq.training import actions
+from seq2seq.training import actions, steps
 from seq2seq.training.trainer import Trainer
 
 log = logging.getLogger("seq2seq")
@@ -58,12 +58,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         claim.close()
 
 
-@contextlib.contextmanager
-def started(config: ml_collections.ConfigDict):
-  """Checks `config` and joins the run's processes; within, they start and stop together
-  (interrupts deferred), and process 0 reports for the run."""
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises `UserError` in one line if `config` cannot train: a bad field (`config.validate`),
+  what its model family cannot build (`models.check_config`), or a loss term or loop action it
+  chooses that is not registered (`steps.LOSS_TERMS`, `actions.ACTIONS`)."""
   config_lib.validate(config)
   models.check_config(config)
+  steps.LOSS_TERMS.chosen(config.train.loss_terms)
+  actions.ACTIONS.chosen(config.train.actions)
+
+
+@contextlib.contextmanager
+def started(config: ml_collections.ConfigDict):
+  """Checks `config` (`check_config`) and joins the run's processes; within, they start and
+  stop together (interrupts deferred), and process 0 reports for the run."""
+  check_config(config)
   distributed.initialize_distributed(config.distributed)  # Before anything touches a device.
   compiling.check_options(config)  # XLA's word on its options, before a workdir is made.
   if jax.process_index() != 0:

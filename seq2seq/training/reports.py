@@ -87,7 +87,7 @@ class Progress:
 
 def train_record(metrics: list[dict], elapsed: float, learning_rate: float) -> dict:
   """The log record of an interval's steps (their metrics on the host): every metric the
-  train step sums over target tokens (`loss`, `nll`, and any `steps.extra_terms`) per token,
+  train step sums over target tokens (`loss`, `nll`, and any `steps.loss_terms`) per token,
   the mean gradient norm, the rate and the throughput."""
   summed = jax.tree.map(lambda *xs: float(sum(xs)), *metrics)
   tokens = max(summed["tokens"], 1.0)

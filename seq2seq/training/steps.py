@@ -12,6 +12,7 @@ from flax import nnx
 
 from seq2seq.data.special_ids import PAD_ID
 from seq2seq.runs.train_state import TrainState
+from seq2seq.training.registry import Registry
 
 
 def cross_entropy(logits, targets, label_smoothing: float):
@@ -48,20 +49,44 @@ def _packing(batch: dict, side: str) -> dict:
           if f"{side}_{name}" in batch}
 
 
-def extra_terms(params, tokens, train: ml_collections.ConfigDict) -> dict:
-  """Loss terms beyond the cross-entropy, by name: each a sum over the batch's `tokens` target
-  tokens, as the loss is, so that the objective is their total over the token count, and
-  each is logged per token under its name (`reports.train_record`). None by default;
-  docs/extending.md, "A loss term", adds one with its config field."""
-  del params, tokens, train
-  return {}
+# The loss terms that config.train.loss_terms adds to the cross-entropy, by name, each times
+# its weight there ("z_loss:1e-4"): `term(logits, targets, weights, params)` -> the term summed
+# over the batch's target tokens (`weights`: 1.0 at each, 0.0 at PAD), as the cross-entropy's
+# `loss` is, so that the objective is their total over the token count; the train record logs
+# each per token under its name. Registered with `@register_loss_term(name)`
+# (docs/extending.md, "A loss term"); a name may not be one of the train record's own.
+LOSS_TERMS = Registry("loss term", "config.train.loss_terms", "z_loss:1e-4", weighted=True,
+                      reserved=("step", "split", "loss", "nll", "tokens", "grad_norm",
+                                "learning_rate", "tokens_per_sec", "tokens_per_step"))
+register_loss_term = LOSS_TERMS.register
+
+
+@register_loss_term("z_loss")
+def z_loss(logits, targets, weights, params):
+  """PaLM's auxiliary z-loss (Chowdhery et al., 2022, section 5): the square of each target
+  token's log-normalizer `log Z = logsumexp(logits)`, summed over the target tokens. It draws
+  log Z towards 0, which keeps the logits stable (PaLM weighs it 1e-4: "z_loss:1e-4")."""
+  del targets, params
+  log_normalizer = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)  # [batch, t]
+  return jnp.sum(jnp.square(log_normalizer) * weights)
+
+
+def loss_terms(logits, targets, params, train: ml_collections.ConfigDict) -> dict:
+  """The weighted terms that config.train.loss_terms (`train.loss_terms`) chooses, by name:
+  sums over the non-PAD `targets`, as `cross_entropy`'s are. None by default."""
+  chosen = LOSS_TERMS.chosen(train.loss_terms)
+  if not chosen:
+    return {}
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  return {name: weight * LOSS_TERMS[name](logits, targets, weights, params)
+          for name, weight in chosen.items()}
 
 
 def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimizer,
                train: ml_collections.ConfigDict):
   """One optimizer step on a global batch: `(state, batch, key) -> (state, metrics)`, with
-  the settings of `train` (config.train): `label_smoothing`, `grad_accum_steps`, and those
-  of any `extra_terms`.
+  the settings of `train` (config.train): `label_smoothing`, `grad_accum_steps` and
+  `loss_terms` (the objective is the cross-entropy plus those terms, each in the metrics).
 
   The gradient is that of the token-summed loss divided by the batch's token
   count. With `grad_accum_steps` k > 1, rows i, i + k, i + 2k, ... form micro-batch
@@ -81,7 +106,7 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
                             rngs=rngs)
       sums = cross_entropy(logits, micro_batch["tgt_out"], train.label_smoothing)
       objective = sums["loss"]
-      for name, term in extra_terms(params, sums["tokens"], train).items():
+      for name, term in loss_terms(logits, micro_batch["tgt_out"], params, train).items():
         sums[name] = term
         objective = objective + term
       return objective, sums
