@@ -30,7 +30,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = m = ml_collections.ConfigDict()
   m.family = "transformer"  # Model family: one of seq2seq.models.FAMILY_NAMES.
   m.attention = "scaled_dot"  # Attention variant (models.ATTENTION_BY_FAMILY; the README).
-  m.attention_window = 8  # `local` attention: each query sees keys this many positions away.
+  # `local` attention: each query sees keys this many positions away; the RNN's local_m and
+  # local_p: D, the half-width of the window around p_t (Luong et al. 2015 used D = 10).
+  m.attention_window = 8
+  m.attention_globals = 2  # `local_global`: the first N positions see and are seen by all.
   m.emb_dim = 256  # Model width d: embeddings and residual stream.
   m.num_heads = 4  # Attention heads; must divide emb_dim.
   # Transformer: key/value heads, each shared by num_heads / num_kv_heads query heads (1:
@@ -252,6 +255,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "model.num_decoder_layers": m.num_decoder_layers, "model.mlp_dim": m.mlp_dim,
       "model.max_len": m.max_len, "model.attention_window": m.attention_window,
       "model.max_relative_distance": m.max_relative_distance,
+      "model.attention_globals": m.attention_globals,
       "model.rnn_hidden_dim": m.rnn_hidden_dim, "data.vocab_size": d.vocab_size,
       "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,

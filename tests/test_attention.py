@@ -80,6 +80,38 @@ def test_local_attention_equals_full_attention_with_band_mask(causal, window):
   np.testing.assert_allclose(weights, full_weights, atol=1e-6)
 
 
+def _local_global_mask(num_queries, num_keys, window, num_global):
+  """`[1, 1, q, k]`: the band, plus every query on the first `num_global` keys and the first
+  `num_global` queries on every key (Beltagy et al. 2020, figure 2d)."""
+  i, j = jnp.arange(num_queries)[:, None], jnp.arange(num_keys)[None, :]
+  return ((jnp.abs(j - i) <= window) | (j < num_global) | (i < num_global))[None, None]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window,num_global", [(1, 1), (1, 2), (2, 3), (0, 1)])
+def test_local_global_attention_equals_full_attention_under_its_mask(causal, window, num_global):
+  q, k, v = qkv(6, 6)
+  mask = masks.decoder_self_mask(KEY_IDS) if causal else masks.padding_mask(KEY_IDS)
+  context, weights = attention.local_global_attention(q, k, v, mask, window, num_global)
+  allowed = mask.dense(6) & _local_global_mask(6, 6, window, num_global)
+  full, full_weights = attention.attend(attention.SCORES["scaled_dot"], q, k, v, allowed)
+  np.testing.assert_allclose(context, full, atol=1e-5)
+  np.testing.assert_allclose(weights, full_weights, atol=1e-6)
+
+
+@pytest.mark.parametrize("index", [1, 6])
+def test_local_global_attention_steps_at_cache_positions(index):
+  """A decoding step at position i sees slots i - window .. i and the global ones; a step
+  at a global position, every slot up to it."""
+  q, k, v = qkv(1, 8)
+  context, weights = attention.local_global_attention(q, k, v, masks.cache_mask(index, 8), 1, 2)
+  seen = jnp.zeros(8, bool).at[:2].set(True).at[index - 1:index + 1].set(True)
+  expected, expected_weights = attention.attend(attention.SCORES["scaled_dot"], q, k, v,
+                                                seen[None, None, None, :])
+  np.testing.assert_allclose(context, expected, atol=1e-5)
+  np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
+
+
 def test_local_attention_steps_at_cache_positions():
   """A decoding step at position i sees cache slots i - window .. i only."""
   q, k, v = qkv(1, 8)

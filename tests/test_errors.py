@@ -332,29 +332,39 @@ CASES = [
     ("attention not of the family",
      lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
      "config.model.attention='linear' is not available for the rnn; use one of: none,"
-     " scaled_dot, dot, general, concat, location."),
+     " scaled_dot, dot, general, concat, location, local_m, local_p."),
+    ("positions beside an attention they do not compose with", lambda r, t, v: train_with(
+        t / "new", model__positions="relative", model__attention="linear"),
+     "config.model.positions='relative' works inside scaled_dot attention, not 'linear'; change"
+     " config.model.attention or positions."),
+    ("a normalizer for attention without one", lambda r, t, v: train_with(
+        t / "new", model__family="rnn", model__attention="none",
+        model__attention_normalizer="entmax15"),
+     "config.model.attention_normalizer='entmax15': the rnn's 'none' attention takes no"
+     " normalizer; use softmax, or one of: scaled_dot, dot, general, concat, location, local_m,"
+     " local_p."),
     ("attention of the other family", lambda r, t, v: train_with(
         t / "new", model__attention="location"),
      "config.model.attention='location' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
+     " scaled_dot, dot, general, concat, linear, local, local_global."),
     ("no attention in a Transformer",
      lambda r, t, v: train_with(t / "new", model__attention="none"),
      "config.model.attention='none' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
+     " scaled_dot, dot, general, concat, linear, local, local_global."),
     ("an attention by its paper's name", lambda r, t, v: train_with(
         t / "new", model__family="rnn", model__attention="bahdanau"),
      "config.model.attention='bahdanau' is not available for the rnn; use one of:"
-     " none, scaled_dot, dot, general, concat, location. (Bahdanau et al.'s additive attention"
-     " is 'concat' here.)"),
+     " none, scaled_dot, dot, general, concat, location, local_m, local_p. (Bahdanau et al.'s"
+     " additive attention is 'concat' here.)"),
     ("an attention by its paper's name, capitalized", lambda r, t, v: train_with(
         t / "new", model__attention="Luong"),
      "config.model.attention='Luong' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local. (Luong et al.'s bilinear (general)"
-     " attention is 'general' here.)"),
+     " scaled_dot, dot, general, concat, linear, local, local_global. (Luong et al.'s bilinear"
+     " (general) attention is 'general' here.)"),
     ("a paper's name for what the family lacks", lambda r, t, v: train_with(
         t / "new", model__attention="sutskever"),  # 'none', which no Transformer takes: no hint.
      "config.model.attention='sutskever' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local."),
+     " scaled_dot, dot, general, concat, linear, local, local_global."),
     ("unknown family", lambda r, t, v: train_with(t / "new", model__family="lstm"),
      "config.model.family='lstm' is not a model family; use one of: transformer, rnn."),
     ("unknown cell", lambda r, t, v: train_with(t / "new", model__rnn_cell="rnn"),

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, check_config, masks
+from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.models.positions import POSITIONS
 from seq2seq.models.transformer import sinusoidal_positions
 from tests.helpers import assert_stepping_matches_decode
@@ -19,15 +20,19 @@ TRANSFORMER_VARIANTS = ATTENTION_BY_FAMILY["transformer"]
 
 # Every attention variant; every way of giving positions, with each variant it composes with
 # beyond scaled_dot; shared key/value heads (4 query heads on 2 and on 1), also beside
-# positions inside attention. Each: {config.model field: value}.
+# positions inside attention; every normalizer. Each: {config.model field: value}.
 MODEL_CASES = (
     [{"attention": "scaled_dot", "pre_ln": False}]
     + [{"attention": name} for name in TRANSFORMER_VARIANTS]
     + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
-    + [{"positions": "rope", "attention": "dot"}, {"positions": "rope", "attention": "local"}]
+    + [{"positions": "rope", "attention": name} for name in ("dot", "local", "local_global")]
     + [{"num_heads": 4, "num_kv_heads": kv} for kv in (2, 1)]
     + [{"num_heads": 4, "num_kv_heads": 2, "positions": name} for name in ("relative", "rope",
                                                                            "alibi")]
+    + [{"attention_normalizer": name} for name in NORMALIZERS if name != "softmax"]
+    + [{"attention_normalizer": "entmax15", "attention": "local"},
+       {"attention_normalizer": "sparsemax", "positions": "relative", "num_heads": 4,
+        "num_kv_heads": 1}]
 )
 
 

@@ -224,3 +224,48 @@ def test_bfloat16(name):
   np.testing.assert_allclose(weights.astype(jnp.float32).sum(-1), 1.0, atol=2e-2)
   gradient = jax.grad(lambda s: normalize(name, s, None)[:, 0].astype(jnp.float32).sum())(z)
   assert gradient.dtype == jnp.bfloat16 and not np.isnan(gradient.astype(jnp.float32)).any()
+
+
+class _Words:
+  """A tokenizer stub: word i of the vocabulary is id i + 4."""
+
+  def encode(self, text):
+    return [4 + int(word) for word in text.split()]
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_zero_shares_count_exact_zeros_among_the_allowed_weights(tiny_config, family):
+  """softmax gives no allowed weight exactly zero; sparsemax does, and its count is the one
+  read off each sentence's own attention (padding, other sentences' length, never counted)."""
+  from types import SimpleNamespace
+
+  from flax import nnx
+
+  from seq2seq.decoding import alignment
+  from seq2seq.models import build_model
+
+  sources, references = ["1 2 3 4 5 6 7", "8 9"], ["3 4 5", "6 7 8 9 10 11"]
+  tiny_config.model.update(family=family, attention="general" if family == "rnn" else
+                           "scaled_dot")
+  shares = {}
+  for name in ("softmax", "sparsemax"):
+    tiny_config.model.attention_normalizer = name
+    model = build_model(tiny_config, 40)
+    if family == "rnn":  # Its scores at initialization lie within 1 of each other: spread them.
+      model.score_params.w[...] = 30 * model.score_params.w[...]
+    graphdef, params = nnx.split(model, nnx.Param)
+    translator = SimpleNamespace(tokenizer=_Words(), params=params, graphdef=graphdef)
+    shares[name] = alignment.zero_shares(translator, sources, references, batch=4)
+  assert set(shares["softmax"]) == ({"cross"} if family == "rnn" else
+                                    {"cross", "encoder", "decoder"})
+  assert all(share == 0.0 for per_layer in shares["softmax"].values() for share in per_layer)
+  model = nnx.merge(graphdef, params)
+  allowed = zeros = 0
+  for s, r in zip(sources, references, strict=True):  # One sentence at a time, unpadded.
+    src, tgt_in = alignment._inputs(np.array(_Words().encode(s)), np.array(
+        _Words().encode(r) + [3]))
+    w = np.asarray(model.attention_weights(jnp.asarray(src[None]),
+                                           jnp.asarray(tgt_in[None]))["cross"])[0]
+    allowed, zeros = allowed + w.size, zeros + int((w == 0).sum())
+  assert shares["sparsemax"]["cross"][0] == pytest.approx(zeros / allowed)
+  assert zeros > 0

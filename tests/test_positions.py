@@ -11,6 +11,7 @@ from flax import nnx
 from seq2seq.errors import UserError
 from seq2seq.models import attention, build_model, check_config, masks, positions
 from seq2seq.models.positions import POSITIONS
+from tests.helpers import assert_stepping_matches_decode
 
 VOCAB = 40
 SRC = jnp.array([[5, 6, 7, 8, 9, 10, 3, 0], [9, 10, 3, 0, 0, 0, 0, 0]])  # EOS=3, PAD=0
@@ -143,3 +144,34 @@ def test_what_does_not_compose_is_refused_in_one_line(tiny_config, overrides, sa
 def test_every_entry_declares_only_variants_that_exist():
   for entry in POSITIONS.values():
     assert entry.attention is None or set(entry.attention) <= set(attention.VARIANTS)
+
+
+class HeadDistanceBias(nnx.Module):
+  """docs/extending.md's example: a learned scalar per head and clipped distance."""
+
+  def __init__(self, num_heads, max_distance, rngs):
+    self.max_distance = max_distance
+    self.table = nnx.Param(jnp.zeros((num_heads, 2 * max_distance + 1)))
+
+
+def head_distance_bias(query, relative, params, num_heads):
+  k = params.max_distance
+  return params.table[...][:, jnp.clip(relative, -k, k) + k].swapaxes(0, 1)
+
+
+def test_a_new_position_entry_decodes_as_it_trains(monkeypatch, tiny_config):
+  """docs/extending.md, "Positions": the example entry, registered, steps as it teacher-forces,
+  and its bias reaches the scores."""
+  monkeypatch.setitem(POSITIONS, "t5_bias", positions.Positions(
+      init=lambda num_heads, head_dim, rngs, max_relative_distance: HeadDistanceBias(
+          num_heads, max_relative_distance, rngs),
+      bias=head_distance_bias, attention=("scaled_dot",),
+      hyperparameters=("max_relative_distance",)))
+  tiny_config.model.update(positions="t5_bias", max_relative_distance=2)
+  model = build_model(tiny_config, VOCAB)
+  tgt = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])
+  assert_stepping_matches_decode(model, SRC, tgt)
+  before = model.encode(SRC).encoded
+  table = model.encoder_layers[0].self_attention.position_params.table
+  table[...] = jax.random.normal(jax.random.key(5), table.shape)
+  assert not np.allclose(before, model.encode(SRC).encoded)

@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from seq2seq.decoding import search
-from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, rnn
+from seq2seq.models import ATTENTION_BY_FAMILY, attention, build_model, normalizers, rnn
+from seq2seq.models.local_rnn import LOCAL
+from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.performance.rnn_reference import StepwiseRNN
 from seq2seq.training.steps import cross_entropy
 from tests.helpers import assert_stepping_matches_decode
@@ -31,11 +33,13 @@ def rnn_config(tiny_config, **model):
 
 # Every attention with the default cell (LSTM with input feeding); the GRU and no input feeding
 # each with an attention that scores with the previous state (concat) and one that scores with
-# the current one (general). The rest of the grid runs with -m slow.
+# the current one (general), and no input feeding with the local windows too (whose position
+# is the step's own in the loop, and every step's at once without feeding). The rest of the
+# grid runs with -m slow.
 CELLS = [("lstm", True), ("lstm", False), ("gru", True)]
 STEPPED = [pytest.param(name, cell, feeding, id=f"{cell}-{feeding}-{name}",
                         marks=() if (cell, feeding) == CELLS[0] or name in ("concat", "general")
-                        else pytest.mark.slow)
+                        or (not feeding and name in LOCAL) else pytest.mark.slow)
            for cell, feeding in CELLS for name in RNN_VARIANTS]
 
 
@@ -46,13 +50,46 @@ def test_decode_step_reproduces_teacher_forced_decode(tiny_config, name, cell, i
   assert_stepping_matches_decode(model, SRC, TGT, all_positions=True)
 
 
+# The sparse normalizers with the global score the RNN recipe uses, and inside local_p's window.
+@pytest.mark.parametrize("name,normalizer", [("general", n) for n in NORMALIZERS if n != "softmax"]
+                         + [("local_p", "entmax15"), ("concat", "sparsemax")])
+def test_a_sparse_normalizer_steps_as_it_teacher_forces(tiny_config, name, normalizer):
+  model = build_model(rnn_config(tiny_config, attention=name, attention_normalizer=normalizer),
+                      VOCAB)
+  assert_stepping_matches_decode(model, SRC, TGT, all_positions=True)
+  weights = np.asarray(model.attention_weights(SRC, TGT)["cross"])[0, :, 0]
+  assert np.all(weights[np.broadcast_to(np.asarray(SRC == 0)[:, None, :], weights.shape)] == 0)
+  if name != "local_p":
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_the_normalizer_reaches_the_rnns_attention(tiny_config):
+  """Same parameters, another normalizer: sparsemax's weights where softmax's are."""
+  softmax = build_model(rnn_config(tiny_config, attention="general"), VOCAB)
+  sparse = build_model(rnn_config(tiny_config, attention="general",
+                                  attention_normalizer="sparsemax"), VOCAB)
+  memory = softmax.encode(SRC)
+  query = jax.random.normal(jax.random.key(0), (2, 1, 24))
+  scores = jnp.einsum("bqd,bkd->bqk", query, memory.keys[:, 0])
+  mask = np.asarray(SRC != 0)[:, None, :]
+  np.testing.assert_allclose(softmax._attend(memory, query)[1], normalizers.masked_softmax(
+      scores, mask), atol=1e-6)
+  np.testing.assert_allclose(sparse._attend(memory, query)[1], normalizers.sparsemax(
+      scores, mask), atol=1e-6)
+
+
 @pytest.mark.parametrize("name", [n for n in RNN_VARIANTS if n != "none"])
 def test_alignment_sums_to_one_and_ignores_padding(tiny_config, name):
+  """local_p's softmax is scaled by a Gaussian and not renormalized (Luong et al., eq. 10):
+  its weights sum to less than one."""
   model = build_model(rnn_config(tiny_config, attention=name), VOCAB)
   weights = np.asarray(model.attention_weights(SRC, TGT)["cross"])[0, :, 0]  # [b, t, src]
   padded = np.broadcast_to(np.asarray(SRC == 0)[:, None, :], weights.shape)
   assert np.all(weights[padded] == 0.0)
-  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  if name in LOCAL and LOCAL[name].predictive:
+    assert np.all((weights.sum(-1) > 0) & (weights.sum(-1) < 1))
+  else:
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
 
 
 def test_bahdanau_scores_with_the_previous_state(tiny_config):

@@ -9,8 +9,10 @@ backward pass) and MFU against a matrix multiply measured in the same run (and
 the vendor's dense peak on known GPUs). decode: greedy and beam-4 sentences/s
 and tokens/s, against decoders that recompute cross-attention keys and values
 every step (as written, which XLA partly hoists out of the loop, and forced to
-run per step), measured in the same process. --profile: where the time of each
-goes (seq2seq/performance/profile.py), one more JSON line per mode and beam.
+run per step), measured in the same process. kv_heads (--kv_heads=0,2,1): beam search's
+sentences/s (at the last of --beams) and the decoder's cache in bytes for each number of
+key/value heads, against one per query head. --profile: where the time of each goes
+(seq2seq/performance/profile.py), one more JSON line per mode and beam.
 
   seq2seq-benchmark --mode=padding,compile,calls,seeds,saves \
       --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8] \
@@ -51,7 +53,7 @@ from seq2seq.errors import UserError, require_extra
 from seq2seq.performance import benchmark, startup
 from seq2seq.serve import EXTRA as SERVE_EXTRA
 
-_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode,"
+_MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode, kv_heads,"
                           " padding, compile, calls, seeds, saves, recurrence (these six of"
                           " --config's run), serve (of --workdir's run).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "serve: the run to serve.")
@@ -86,6 +88,8 @@ _SRC_LEN = flags.DEFINE_integer("src_len", 40, "Decoding: source tokens per sent
 _OUT_LEN = flags.DEFINE_integer("out_len", 40, "Decoding: output tokens per sentence.",
                                 lower_bound=1)
 _BEAMS = flags.DEFINE_list("beams", ["1", "4"], "Decoding: beam sizes (1: greedy).")
+_KV_HEADS = flags.DEFINE_list("kv_heads", ["0", "2", "1"], "kv_heads: key/value heads to compare"
+                              " (config.model.num_kv_heads; 0: one per head, the reference).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode with the JAX "
                              "profiler: the share of matmuls, random bits, gathers, top_k, "
                              "copies and the rest, and the slowest XLA instructions.")
@@ -93,7 +97,7 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
 
 # Of --config's run.
 STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves", "recurrence")
-MODES = ("train", "decode", *STARTUP_MODES, "serve")
+MODES = ("train", "decode", "kv_heads", *STARTUP_MODES, "serve")
 
 
 def _whole_numbers(values: list[str], low: int) -> bool:
@@ -102,7 +106,8 @@ def _whole_numbers(values: list[str], low: int) -> bool:
 
 flags.register_validator("mode", lambda modes: bool(modes) and set(modes) <= set(MODES),
                          f"--mode takes some of {', '.join(MODES)} (comma-separated)")
-for _flag, _low in (("steps_per_call", 1), ("seeds", 1), ("threads", 0), ("beams", 1)):
+for _flag, _low in (("steps_per_call", 1), ("seeds", 1), ("threads", 0), ("beams", 1),
+                    ("kv_heads", 0)):
   flags.register_validator(_flag, functools.partial(_whole_numbers, low=_low),
                            f"--{_flag} takes whole numbers of at least {_low}, comma-separated")
 flags.register_multi_flags_validator(
@@ -130,6 +135,15 @@ def _measure() -> None:
     for result in benchmark.decode_benchmark(
         **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
         beams=[int(b) for b in _BEAMS.value]):
+      print(json.dumps(result), flush=True)
+  if "kv_heads" in _MODE.value:
+    kv_heads = [int(k) for k in _KV_HEADS.value]
+    if any(k and _HEADS.value % k for k in kv_heads):
+      raise UserError(f"--kv_heads={','.join(_KV_HEADS.value)}: each must divide --heads="
+                      f"{_HEADS.value} (or be 0, one per head).")
+    for result in benchmark.kv_heads_benchmark(
+        **sizes, batch=_DECODE_BATCH.value, src_len=_SRC_LEN.value, out_len=_OUT_LEN.value,
+        beam=int(_BEAMS.value[-1]), kv_heads=kv_heads):
       print(json.dumps(result), flush=True)
   if set(STARTUP_MODES) & set(_MODE.value):
     _startup(_MODE.value)

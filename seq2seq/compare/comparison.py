@@ -5,8 +5,8 @@ validation and the chosen split (evaluations.py, which caches the evaluations),
 tests every run against the baseline with sacreBLEU's paired bootstrap
 resampling and aggregates seeds (stats.py), and writes comparison.md,
 comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png, bleu.png,
-curves.png, attention.png and runs.json (report.py); an earlier comparison's rows join the
-tables with `earlier`.
+curves.png, attention.png, zeros.csv and runs.json (report.py); an earlier comparison's
+rows join the tables with `earlier`.
 Every run is checked, its training record and its test sets read, before
 anything is evaluated or written: a mistake costs no decoding and leaves no file.
 """
@@ -139,6 +139,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   report.write_charts(out_dir, joined, split, beam_size,
                               {run.name: run.record["curve"] for run in runs})
   report.write_attention(out_dir, translators, attention_text)
+  report.write_zeros(out_dir, translators, texts["val"])
   return joined
 
 

@@ -4,7 +4,8 @@ comparison.csv and comparison.md hold one row per run (seeds.csv and a second Ma
 table, per variant across seeds, when some variant has several); length.csv and length.png
 the BLEU of each source-length bucket; bleu.png, curves.png and attention.png the runs'
 scores with their 95% intervals, their validation curves and their attention on one
-sentence. The rows come from `compare.compare_runs`; nothing here evaluates.
+sentence; zeros.csv each run's share of exactly-zero attention weights per layer. The rows
+come from `compare.compare_runs`; nothing here evaluates.
 `read_earlier` reads an earlier comparison's rows back, so that later runs join its table.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from seq2seq.compare.stats import length_buckets
-from seq2seq.decoding.alignment import alignment
+from seq2seq.decoding.alignment import alignment, zero_shares
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import plots
@@ -76,6 +77,22 @@ def write_attention(out_dir: Path, translators: dict[str, Translator], text: str
     weights, src, tgt = alignment(translator, text)
     panels.append((name, weights[-1].mean(axis=0), src, tgt))  # last layer, head mean
   plots.attention_side_by_side(panels, out_dir / "attention.png")
+
+
+def write_zeros(out_dir: Path, translators: dict[str, Translator], texts: tuple) -> None:
+  """zeros.csv: each run's share of exactly-zero attention weights per layer and kind, on
+  `texts` (sources, references) teacher-forced (`alignment.zero_shares`)."""
+  rows = []
+  for name, translator in translators.items():
+    shares = zero_shares(translator, *texts)
+    rows.append({"run": name, **{f"{kind}_{layer + 1}": round(share, 4)
+                                 for kind, per_layer in shares.items()
+                                 for layer, share in enumerate(per_layer)}})
+  columns = list(dict.fromkeys(key for row in rows for key in row))
+  with open(out_dir / "zeros.csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
 
 
 RUNS = "runs.json"

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.data import batching
-from seq2seq.data.special_ids import BOS_ID, EOS_ID
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
@@ -47,6 +47,54 @@ def alignment(translator: Translator, text: str):
                      graphdef=translator.graphdef)  # Op by op: no program for one picture.
   return (np.asarray(weights), translator.tokenizer.pieces(src_ids),
           translator.tokenizer.pieces(out))
+
+
+def _allowed(src: jnp.ndarray, tgt_in: jnp.ndarray) -> dict[str, jnp.ndarray]:
+  """Which weights each kind of attention may give (`[batch, queries, keys]`): a real query's
+  on real keys, and the decoder's on keys not after it."""
+  src_real, tgt_real = src != PAD_ID, tgt_in != PAD_ID
+  causal = jnp.tril(jnp.ones((tgt_in.shape[1],) * 2, bool))
+  return {"cross": tgt_real[:, :, None] & src_real[:, None, :],
+          "encoder": src_real[:, :, None] & src_real[:, None, :],
+          "decoder": tgt_real[:, :, None] & tgt_real[:, None, :] & causal}
+
+
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _zero_counts(params, src, tgt_in, *, graphdef):
+  """Per kind, `[layers]` counts of the allowed weights and of those exactly zero."""
+  weights = nnx.merge(graphdef, params).attention_weights(src, tgt_in)
+  allowed = _allowed(src, tgt_in)
+  counts = {}
+  for kind, w in weights.items():  # [layers, batch, heads, queries, keys]
+    mask = jnp.broadcast_to(allowed[kind][None, :, None], w.shape)
+    counts[kind] = (mask.sum((1, 2, 3, 4)), (mask & (w == 0)).sum((1, 2, 3, 4)))
+  return counts
+
+
+def zero_shares(translator: Translator, sources: list[str], references: list[str],
+                batch: int = 64) -> dict[str, list[float]]:
+  """The share of exactly-zero weights among those each attention layer may give, by kind
+  (`cross`, and `encoder`/`decoder` where the family has self-attention), teacher-forced on
+  `references`: what a sparse normalizer leaves out (softmax leaves none). Batches of
+  `batch` sentences padded to the longest of the lot, one program."""
+  encode = translator.tokenizer.encode
+  pairs = [_inputs(np.asarray(encode(s), np.int32), np.asarray(encode(r) + [EOS_ID], np.int32))
+           for s, r in zip(sources, references, strict=True)]
+  lengths = [max(len(p[i]) for p in pairs) for i in (0, 1)]
+  totals = {}
+  for start in range(0, len(pairs), batch):
+    chunk = pairs[start:start + batch] + [pairs[0]] * (batch - len(pairs[start:start + batch]))
+    real = min(batch, len(pairs) - start)
+    src, tgt_in = (np.stack([np.pad(p[i], (0, lengths[i] - len(p[i]))) for p in chunk])
+                   for i in (0, 1))
+    src[real:], tgt_in[real:] = PAD_ID, PAD_ID  # Filler rows: nothing counted.
+    counts = _zero_counts(translator.params, jnp.asarray(src), jnp.asarray(tgt_in),
+                          graphdef=translator.graphdef)
+    for kind, (allowed, zeros) in counts.items():
+      before = totals.get(kind, (0, 0))
+      totals[kind] = (before[0] + np.asarray(allowed, np.int64),
+                      before[1] + np.asarray(zeros, np.int64))
+  return {kind: [float(z / a) for a, z in zip(*totals[kind], strict=True)] for kind in totals}
 
 
 def _weights(params, src, tgt_in, *, graphdef):

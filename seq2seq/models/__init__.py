@@ -1,6 +1,8 @@
 """Model families behind one interface (`Seq2SeqModel`, `interface`): the Transformer
-(`transformer`) and the attentional RNN (`rnn`), built from shared parts: every attention
-variant (`attention`), masks (`masks`), dropout (`dropout`) and projections (`linear`).
+(`transformer`) and the attentional RNN (`rnn`, with Luong's local windows in `local_rnn`),
+built from shared parts: the registries of attention variants (`attention`, whose sub-quadratic
+kernels are in `kernels`), positions (`positions`) and normalizers (`normalizers`), masks
+(`masks`), dropout (`dropout`) and projections (`linear`).
 `build_model` picks a family by config, and `check_config` says what a config asks of its
 family that the family cannot do.
 
@@ -63,10 +65,10 @@ def _composition_problem(m: ml_collections.ConfigDict) -> str | None:
   if m.attention_normalizer not in NORMALIZERS:
     return (f"config.model.attention_normalizer={m.attention_normalizer!r} is not a normalizer;"
             f" use one of: {', '.join(NORMALIZERS)}.")
-  variant = VARIANTS.get(m.attention)
-  if m.attention_normalizer != "softmax" and not (variant and variant.normalizes):
-    return (f"config.model.attention_normalizer={m.attention_normalizer!r}: {m.attention!r}"
-            " attention normalizes no scores; use softmax, or attention that normalizes.")
+  if m.attention_normalizer != "softmax" and m.attention not in cls.NORMALIZED:
+    return (f"config.model.attention_normalizer={m.attention_normalizer!r}: the {m.family}'s"
+            f" {m.attention!r} attention takes no normalizer; use softmax, or one of:"
+            f" {', '.join(cls.NORMALIZED)}.")
   if m.num_kv_heads and not cls.SHARES_KV_HEADS:
     return (f"config.model.num_kv_heads={m.num_kv_heads}: the {m.family} has no key/value heads"
             " to share; leave it at 0.")

@@ -17,7 +17,6 @@ uses in its place. A new softmax score is one function and one `SCORES` entry;
 it is then a variant, tested by every test that loops over the registry.
 """
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,10 +25,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from seq2seq.models.dropout import Dropout
-from seq2seq.models.kernels import linear_attention, local_attention
+from seq2seq.models.kernels import linear_attention, local_attention, local_global_attention
 from seq2seq.models.linear import Linear
 from seq2seq.models.masks import Mask
-from seq2seq.models.normalizers import NORMALIZERS, Normalizer, masked_softmax
+from seq2seq.models.normalizers import NORMALIZERS, Normalizer, bound, masked_softmax
 from seq2seq.models.positions import POSITIONS, Positions
 
 
@@ -205,6 +204,14 @@ VARIANTS: dict[str, Variant] = {
         lambda query, keys, values, mask, params, attention_window, **options: local_attention(
             query, keys, values, mask, attention_window, **options),
         weight_dropout=False, cross="scaled_dot", hyperparameters=("attention_window",)),
+    # The window plus the first `attention_globals` positions, which see and are seen by all.
+    "local_global": Variant(
+        _no_params, _keys_as_they_are,
+        lambda query, keys, values, mask, params, attention_window, attention_globals, **options:
+        local_global_attention(query, keys, values, mask, attention_window, attention_globals,
+                               **options),
+        weight_dropout=False, packs=False, cross="scaled_dot",
+        hyperparameters=("attention_window", "attention_globals")),
 }
 
 
@@ -271,7 +278,8 @@ class MultiHeadAttention(nnx.Module):
     self.hyperparameters = tuple(sorted(hyperparameters.items()))  # Static.
     head_dim = dim // num_heads
     self.score_params = self.variant.init(self.num_kv_heads, head_dim, max_keys, rngs)
-    self.position_params = (self.position.init(head_dim, rngs, **self._options(self.position))
+    self.position_params = (self.position.init(num_heads, head_dim, rngs,
+                                                **self._options(self.position))
                             if self.position and self.position.init else None)
     linear = lambda out: Linear(dim, out, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     kv_dim = self.num_kv_heads * head_dim
@@ -316,8 +324,7 @@ class MultiHeadAttention(nnx.Module):
     query = split_heads(self.query(x), self.num_heads)
     options = self._options(self.variant)
     if self.normalizer != "softmax":  # A variant's own default is the softmax.
-      options["normalizer"] = functools.partial(self._normalizer.normalize,
-                                                **self._options(self._normalizer))
+      options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()))
     relative, entry = None, self.position
     if positions is not None and entry is not None:
       if entry.rotate:

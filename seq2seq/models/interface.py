@@ -34,6 +34,8 @@ class Seq2SeqModel(Protocol):
   POSITION_NAMES: ClassVar[tuple[str, ...]]
   # Whether its attention may share key/value heads (`config.model.num_kv_heads`).
   SHARES_KV_HEADS: ClassVar[bool]
+  # The attention names whose weights come from `config.model.attention_normalizer`.
+  NORMALIZED: ClassVar[tuple[str, ...]]
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

@@ -99,3 +99,44 @@ def local_attention(query, keys, values, mask: Mask, window: int,
   one_hot = jax.nn.one_hot(index, num_keys, dtype=near_weights.dtype)  # [q, w, k]
   weights = jnp.einsum("bhqw,qwk->bhqk", near_weights, one_hot)
   return context, weights
+
+
+def local_global_attention(query, keys, values, mask: Mask, window: int, num_global: int,
+                           normalizer: Callable = masked_softmax):
+  """Scaled dot-product attention over a window plus global positions (Longformer, Beltagy et
+  al. 2020; BigBird's window and global parts, Zaheer et al. 2020).
+
+  The first `num_global` positions are global: every query sees them, and they see every key.
+  Any other query sees the keys within `window` positions and the global ones, so the work is
+  O(n (w + g)) for n queries, plus O(g n) for the global queries' rows. Causal or cached, a
+  query never sees a key after it. Packed rows are refused (`Variant.packs`): the global
+  positions are each row's first.
+
+  Returns:
+    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
+  """
+  num_queries, num_keys = query.shape[2], keys.shape[2]
+  at = mask.query_positions(num_queries)  # [q]
+  offsets = jnp.arange(-window, window + 1)
+  near = at[:, None] + offsets  # [q, 2w + 1]
+  near_valid = (near >= 0) & (near < num_keys) & (near >= num_global)  # Globals come below.
+  far = jnp.broadcast_to(jnp.arange(num_global), (num_queries, num_global))  # [q, g]
+  index = jnp.concatenate([jnp.clip(near, 0, num_keys - 1), jnp.minimum(far, num_keys - 1)], 1)
+  valid = jnp.concatenate([near_valid, far < num_keys], axis=1)[None] & mask.key_valid[:, index]
+  if mask.causal:
+    valid = valid & (index <= at[:, None])
+  scale = jnp.sqrt(query.shape[-1]).astype(query.dtype)
+  scores = jnp.einsum("bhqd,bhqwd->bhqw", query, keys[:, :, index]) / scale
+  picked = normalizer(scores, valid[:, None])
+  context = jnp.einsum("bhqw,bhqwd->bhqd", picked, values[:, :, index])
+  weights = jnp.einsum("bhqw,qwk->bhqk", picked, jax.nn.one_hot(index, num_keys,
+                                                                  dtype=picked.dtype))
+  # The global queries among the first rows: every key (not after them, when causal).
+  rows = min(num_global, num_queries)
+  dense_mask = mask.dense(num_queries)[:, :, :rows]
+  dense = normalizer(jnp.einsum("bhqd,bhkd->bhqk", query[:, :, :rows], keys) / scale, dense_mask)
+  is_global = (at[:rows] < num_global)[None, None, :, None]
+  weights = weights.at[:, :, :rows].set(jnp.where(is_global, dense, weights[:, :, :rows]))
+  context = context.at[:, :, :rows].set(jnp.where(
+      is_global, jnp.einsum("bhqk,bhkd->bhqd", dense, values), context[:, :, :rows]))
+  return context, weights

@@ -11,6 +11,7 @@ Their gradients are the papers' closed forms (`jax.custom_vjp`): each Jacobian i
 `diag(s) - s s^T / sum(s)`, for a nonnegative `s` that is zero off the support.
 """
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -202,6 +203,17 @@ def _sum_to_shape(x, shape):
 
 
 entmax_bisect.defvjp(_entmax_bisect_fwd, _entmax_bisect_bwd)
+
+
+def bound(name: str, options: tuple = ()) -> Callable:
+  """`NORMALIZERS[name]`'s `normalize(scores, mask)`, its hyperparameters `options` ((field,
+  value) pairs, as `options_of` reads them) bound."""
+  return functools.partial(NORMALIZERS[name].normalize, **dict(options))
+
+
+def options_of(name: str, cfg) -> tuple:
+  """`NORMALIZERS[name]`'s hyperparameters read from `cfg` (config.model), as static pairs."""
+  return tuple((field, cfg[field]) for field in NORMALIZERS[name].hyperparameters)
 
 
 def zero_share(weights: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:

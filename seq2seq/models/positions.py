@@ -112,7 +112,8 @@ class Positions(NamedTuple):
 
   embed: `(positions, dim, table) -> [..., dim]` added to the scaled embeddings, or None.
   learned_table: it needs a learned `[max_len, dim]` table (the `table` above).
-  init: `(head_dim, rngs, **hyperparameters) -> params` of one self-attention layer, or None.
+  init: `(num_heads, head_dim, rngs, **hyperparameters) -> params` of one self-attention
+    layer, or None.
   attention: the `config.model.attention` names it composes with (None: all).
   hyperparameters: its own settings, named after their `config.model` fields (as
     `attention.Variant.hyperparameters`), bound when a layer is built.
@@ -139,10 +140,10 @@ POSITIONS: dict[str, Positions] = {
         positions, dim)),
     "learned": Positions(embed=learned_positions, learned_table=True),
     "relative": Positions(
-        init=lambda head_dim, rngs, max_relative_distance: RelativeEmbeddings(
+        init=lambda num_heads, head_dim, rngs, max_relative_distance: RelativeEmbeddings(
             head_dim, max_relative_distance, rngs),
         bias=relative_bias, value=relative_value, attention=("scaled_dot",),
         hyperparameters=("max_relative_distance",)),
-    "rope": Positions(rotate=rotary, attention=("scaled_dot", "dot", "local")),
+    "rope": Positions(rotate=rotary, attention=("scaled_dot", "dot", "local", "local_global")),
     "alibi": Positions(bias=alibi_bias, attention=("scaled_dot",)),
 }

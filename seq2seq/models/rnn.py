@@ -1,11 +1,10 @@
 """Attentional RNN encoder-decoder (Sutskever et al. 2014; Bahdanau et al. 2015; Luong et al. 2015).
 
-Same interface as the Transformer: `encode`, teacher-forced `decode`,
-`init_cache` / `decode_step`. The encoder is a stack of (bi)directional
-LSTM/GRU layers; the decoder starts from the encoder's final state through a
-bridge (or from zeros) and, at step t:
+Same interface as the Transformer: `encode`, teacher-forced `decode`, `init_cache` /
+`decode_step`. The encoder is a stack of (bi)directional LSTM/GRU layers; the decoder starts
+from the encoder's final state through a bridge (or from zeros) and, at step t:
 
-  Luong (dot, scaled_dot, general, location, none): runs the stack on
+  Luong (dot, scaled_dot, general, location, local_m, local_p, none): runs the stack on
     [y_{t-1}; h~_{t-1}] (input feeding), scores with the *current* state h_t;
   Bahdanau (concat): scores with the *previous* state s_{t-1} and feeds the
     context into the stack: [y_{t-1}; c_t (; h~_{t-1})];
@@ -18,15 +17,13 @@ input feeding, a Luong decoder's recurrence does not depend on attention, so
 teacher-forced decoding runs the stack once and attends for all steps at once.
 Every recurrence is a `jax.lax.scan`.
 
-A recurrence is latency-bound on a CPU, so each loop body holds only what
-depends on the step before, as cuDNN and flax's `OptimizedLSTMCell` arrange it:
-the products of the inputs known in advance (the source, the target embeddings)
-are taken for every step at once before the loop (`GateKernels.project`), each
-step's remaining inputs and its state go through one product with the gates
-side by side, and teacher forcing takes the logits of every step in one product
-after the loop. The parameters are the `nnx` cells' own (same names, same
-initialization); `seq2seq.performance.rnn_reference` runs them as written, one
-product per gate inside the loop, for the equality tests and the benchmark.
+A recurrence is latency-bound on a CPU, so each loop body holds only what depends on the
+step before, as cuDNN and flax's `OptimizedLSTMCell` arrange it: the products of the inputs
+known in advance (the source, the target embeddings) are taken for every step at once before
+the loop (`GateKernels.project`), each step's remaining inputs and its state go through one
+product with the gates side by side, and teacher forcing takes the logits of every step in one
+product after the loop. The parameters are the `nnx` cells' own (same names and initialization);
+`seq2seq.performance.rnn_reference` runs them as written, one product per gate in the loop.
 """
 
 import functools
@@ -41,9 +38,10 @@ from flax.nnx.nn import dtypes
 
 from seq2seq.data.special_ids import PAD_ID
 from seq2seq.models import masks
-from seq2seq.models.attention import SCORES, attend
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear, matmul
+from seq2seq.models.local_rnn import KERNELS
+from seq2seq.models.normalizers import bound, options_of
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
@@ -190,11 +188,12 @@ def _scan_cell(gates, carry: Carry, projected: jnp.ndarray, valid: jnp.ndarray):
 class RNN(nnx.Module):
   """See the module docstring; implements `interface.Seq2SeqModel` (`cfg` is `config.model`)."""
 
-  # The variants the RNN takes: no attention (Sutskever et al.) or any softmax score.
-  ATTENTION_NAMES = ("none", *SCORES)
+  # The variants the RNN takes: none (Sutskever et al.), any softmax score, a local window.
+  ATTENTION_NAMES = ("none", *KERNELS)
   PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
   POSITION_NAMES = ("sinusoidal",)  # The default, ignored: its recurrence orders the words.
   SHARES_KV_HEADS = False  # One attention head: no key/value heads to share.
+  NORMALIZED = tuple(KERNELS)  # Whose weights a normalizer gives (all but `none`).
   # Teacher forcing takes the logits of every step in one product after the loop
   # (`rnn_reference` computes them inside, as a decoder written step by step does).
   LOGITS_IN_LOOP = False
@@ -212,6 +211,8 @@ class RNN(nnx.Module):
     self.query_previous = queries_previous_state(cfg)
     self.input_feeding = cfg.input_feeding
     self.reverse_source = cfg.reverse_source
+    self.window = cfg.attention_window  # D of the local attentions.
+    self.normalizer = (cfg.attention_normalizer, options_of(cfg.attention_normalizer, cfg))
     self.bidirectional = cfg.bidirectional
     hidden, emb = cfg.rnn_hidden_dim, cfg.emb_dim
     self.hidden = hidden
@@ -239,8 +240,8 @@ class RNN(nnx.Module):
     first_input = emb + (emb if cfg.input_feeding else 0) + (hidden if self.query_previous else 0)
     self.decoder_cells = nnx.List([cell(first_input if i == 0 else hidden, hidden, rngs=rngs)
                                    for i in range(cfg.num_decoder_layers)])
-    self.score_params = (SCORES[cfg.attention].init(1, hidden, cfg.max_len, rngs)
-                         if cfg.attention in SCORES else None)
+    self.score_params = (KERNELS[cfg.attention].init(1, hidden, cfg.max_len, rngs)
+                         if cfg.attention in KERNELS else None)
     self.combine = linear(2 * hidden, emb, use_bias=False)  # W_c
     self.logits_dense = None if cfg.share_embeddings else linear(emb, vocab_size)
 
@@ -275,21 +276,22 @@ class RNN(nnx.Module):
       zero = _zeros_like_carry(self.cell_type, batch, self.hidden, encoded.dtype)
       initial = tuple(zero for _ in self.decoder_cells)
     keys = encoded[:, None]  # [batch, 1 head, src_len, hidden]
-    if self.attention in SCORES:
-      keys = SCORES[self.attention].prepare(keys, self.score_params)
+    if self.attention in KERNELS:
+      keys = KERNELS[self.attention].prepare(keys, self.score_params)
     return Memory(encoded, keys, src_mask, jnp.tanh(self.context_proj(final)), initial)
 
   def _bridged_carry(self, h: jnp.ndarray) -> Carry:
     return (jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
 
-  def _attend(self, memory: Memory, query: jnp.ndarray):
-    """`query [batch, q, hidden]` -> context `[batch, q, hidden]`, weights `[batch, q, src]`."""
+  def _attend(self, memory: Memory, query: jnp.ndarray, first=0):
+    """`query [batch, q, hidden]` (steps `first`..) -> context `[.., hidden]`, weights `[.., k]`."""
     if self.attention == "none":
       context = jnp.broadcast_to(memory.context[:, None], query.shape)
       return context, jnp.zeros(query.shape[:2] + memory.encoded.shape[1:2], query.dtype)
-    context, weights = attend(SCORES[self.attention], query[:, None], memory.keys,
-                              memory.encoded[:, None], memory.src_mask.dense(query.shape[1]),
-                              self.score_params)
+    context, weights = KERNELS[self.attention].attend(
+        query[:, None], memory.keys, memory.encoded[:, None],
+        memory.src_mask.replace(query_offset=first), self.score_params, window=self.window,
+        reverse=self.reverse_source, normalizer=bound(*self.normalizer))
     return context[:, 0], weights[:, 0]
 
   def _gates(self, cell: nnx.Module, hoisted: int) -> GateKernels:
@@ -330,13 +332,13 @@ class RNN(nnx.Module):
     gates; returns the logits' input (h~, after dropout), the next cache and the alignment."""
     rest = []
     if self.query_previous:  # Scored with the previous state s_{t-1}, before the stack runs.
-      context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None])
+      context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None], cache.index)
       rest.append(context[:, 0])
     if self.input_feeding:
       rest.append(cache.feed)
     carries, h = self._stack(gates, cache.carries, projected, rest, dropout_key)
     if not self.query_previous:  # Luong: scored with the current state h_t.
-      context, weights = self._attend(memory, h[:, None])
+      context, weights = self._attend(memory, h[:, None], cache.index)
     attentional, dropped = self._output(context[:, 0], h, dropout_key)
     return dropped, Cache(carries, attentional, cache.index + 1), weights[:, 0]
 

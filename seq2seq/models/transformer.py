@@ -181,6 +181,7 @@ class Transformer(nnx.Module):
   PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
   POSITION_NAMES = tuple(POSITIONS)  # Every way of giving word order.
   SHARES_KV_HEADS = True  # `config.model.num_kv_heads` may be fewer than the query heads.
+  NORMALIZED = tuple(name for name in ATTENTION_NAMES if VARIANTS[name].normalizes)
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

@@ -203,6 +203,43 @@ def decode_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=
   return results
 
 
+def kv_heads_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=32, src_len=40,
+                       out_len=40, beam=4, kv_heads=(0, 2, 1), repeats=5) -> list[dict]:
+  """Beam search's sentences/s and the decoder's state in bytes, for each number of key/value
+  heads (`config.model.num_kv_heads`; 0: one per query head, the first is the reference).
+
+  The models share every size but the key/value projections, and decode the same random
+  sources to `out_len` tokens (random weights: EOS almost never wins); they are timed in
+  turn, `repeats` rounds, keeping each one's fastest call. `cache_bytes` is the self-attention
+  cache of `batch * beam` hypotheses at `out_len` tokens; `cross_kv_bytes` the encoder keys
+  and values that the beams of a sentence share.
+  """
+  src = random_batch(batch, src_len, vocab)["src"]
+  fns, sizes = {}, {}
+  for kv in kv_heads:
+    config = transformer_config(layers, dim, heads, mlp)
+    config.model.num_kv_heads = kv
+    model = build_model(config, vocab)
+    fns[kv] = jax.jit(functools.partial(_search, model, beam=beam, out_len=out_len, impl="ours"))
+    jax.block_until_ready(fns[kv](src))  # compile
+    memory = search.expand_to_beams(model.encode(src), beam)
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+    sizes[kv] = (nbytes(model.init_cache(memory, out_len).self_kv), nbytes(memory.cross_kv))
+  seconds = {kv: float("inf") for kv in kv_heads}
+  for _ in range(repeats):
+    for kv, fn in fns.items():
+      seconds[kv] = min(seconds[kv], timed(lambda fn=fn: fn(src)))
+  first = kv_heads[0]
+  return [{"benchmark": "kv_heads", "num_kv_heads": kv or heads, "heads": heads, "beam": beam,
+           "batch": batch, "src_len": src_len, "out_len": out_len, "layers": layers, "dim": dim,
+           "vocab": vocab, "seconds": float(f"{seconds[kv]:.6g}"),
+           "sentences_per_sec": round(batch / seconds[kv], 2),
+           "speedup": round(seconds[first] / seconds[kv], 3),
+           "cache_bytes": sizes[kv][0], "cross_kv_bytes": sizes[kv][1],
+           "cache_share": round(sizes[kv][0] / sizes[first][0], 4),
+           "device": jax.devices()[0].device_kind} for kv in kv_heads]
+
+
 def profile_benchmarks(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batch=64, length=32,
                        dtype="float32", decode_batch=32, src_len=40, out_len=40,
                        beams=(1, 4), modes=("train", "decode")) -> list[dict]:
