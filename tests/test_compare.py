@@ -8,12 +8,14 @@ import math
 import re
 import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 import scipy.stats
 from sacrebleu.metrics import BLEU
 
-from seq2seq.compare import comparison, stats, sweep
+from seq2seq import config as config_lib
+from seq2seq.compare import comparison, report, stats, sweep
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, scores
@@ -143,6 +145,19 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
       tmp_path / "four" / "comparison.md").read_text()
   with pytest.raises(UserError, match="num_heads-2_seed-0 and two:num_heads-2_seed-0 are one"):
     comparison.compare_runs(runs[:1], tmp_path / "again", earlier=[tmp_path / "two"], **search)
+
+
+def test_an_earlier_runs_config_takes_the_defaults_of_the_fields_it_predates():
+  """runs.json written before config.model.positions existed: its runs trained with
+  sinusoidal positions, the field's default, so they do not differ from today's in it."""
+  today = comparison.flat_config(fast_tiny_config())
+  before = {k: v for k, v in today.items() if k not in ("model.positions", "data.num_buckets")}
+  earlier = report.Earlier(Path("old"), "old", ["train.seed"], [{"run": "old:a"}],
+                           {"old:a": before}, None, None)
+  joined = comparison._earlier_configs([earlier], today)["old:a"]
+  assert joined["model.positions"] == "sinusoidal"
+  assert joined["data.num_buckets"] == config_lib.BEFORE_FIELD[("data", "num_buckets")]
+  assert comparison._differing([today, joined]) == ["data.num_buckets"]
 
 
 # --- Runs compared on a corpus of a few sentences: copies of the trained `run` ----------------

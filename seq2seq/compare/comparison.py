@@ -23,6 +23,7 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
+from seq2seq import config as config_lib
 from seq2seq.compare import report
 from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
 from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
@@ -66,6 +67,16 @@ def flat_config(config) -> dict[str, object]:
 def differing_fields(configs: Sequence) -> list[str]:
   """The dotted config fields whose values are not the same in every run, in config order."""
   return _differing([flat_config(c) for c in configs])
+
+
+def _as_saved(flat: dict[str, object]) -> dict[str, object]:
+  """A flat config as a run that saved it would read it back (`config.from_saved`): the fields
+  it predates take the values their runs trained with (their defaults, or `BEFORE_FIELD`)."""
+  nested = defaultdict(dict)
+  for name, value in flat.items():
+    section, _, key = name.partition(".")
+    nested[section][key] = value
+  return flat_config(config_lib.from_saved(dict(nested)))
 
 
 def _differing(flat: Sequence[dict]) -> list[str]:
@@ -193,7 +204,7 @@ def _earlier_configs(earlier: list[report.Earlier], baseline: dict) -> dict[str,
       if e.configs is None:
         configs[row["run"]] = {**baseline, **{f: row[f] for f in e.fields}}
       elif row["run"] in e.configs:
-        configs[row["run"]] = e.configs[row["run"]]
+        configs[row["run"]] = _as_saved(e.configs[row["run"]])
       else:
         raise UserError(f"--earlier={e.directory}: its {report.RUNS} has no config for the run"
                         f" {row['run'].partition(':')[2]} of its table; pass the directory as"
