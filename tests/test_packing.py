@@ -9,6 +9,7 @@ from flax import nnx
 from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.models import attention, build_model, masks
+from seq2seq.models.positions import POSITIONS
 from seq2seq.training import steps
 
 VOCAB = 40
@@ -87,9 +88,18 @@ def test_segment_masks_keep_sentences_apart():
   assert np.all(np.asarray(attention.masked_softmax(scores, cross[None, None]))[..., ~cross] == 0)
 
 
-@pytest.mark.parametrize("name", ["scaled_dot", "local"])
-def test_packed_batches_give_the_loss_of_the_same_pairs_unpacked(tiny_config, name):
-  tiny_config.model.attention = name
+# Every attention that packs, every position scheme (positions restart at each packed
+# sentence), shared key/value heads and a sparse normalizer. Each: {config.model field: value}.
+PACKED_CASES = ([{"attention": "scaled_dot"}, {"attention": "local"}]
+                + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
+                + [{"positions": "rope", "attention": "local"}, {"num_kv_heads": 1},
+                   {"attention_normalizer": "entmax15"}])
+
+
+@pytest.mark.parametrize("case", PACKED_CASES,
+                         ids=lambda case: "-".join(f"{k}={v}" for k, v in case.items()))
+def test_packed_batches_give_the_loss_of_the_same_pairs_unpacked(tiny_config, case):
+  tiny_config.model.update(case)
   tiny_config.model.attention_window = 3
   tiny_config.model.dropout_rate = 0.0
   tiny_config.model.num_encoder_layers = tiny_config.model.num_decoder_layers = 2
