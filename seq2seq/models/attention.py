@@ -1,4 +1,4 @@
-"""Attention: score functions picked by name, masked softmax, multi-head attention.
+"""Attention: score functions picked by name, the normalizer, multi-head attention.
 
 A score is three small functions in the `SCORES` registry:
   `init(heads, head_dim, max_keys, rngs) -> params` (None when it has none),
@@ -6,15 +6,17 @@ A score is three small functions in the `SCORES` registry:
     sentence, or once per cached target token), and
   `score(query, keys', params) -> scores`,
 with `query [batch, heads, q, d]`, `keys [batch, heads, k, d]` and scores
-`[batch, heads, q, k]`. Masking, the softmax and the weighted sum happen in
-`attend`, the one place they live.
+`[batch, heads, q, k]`. Masking, positions' biases, the normalizer (softmax unless
+`config.model.attention_normalizer` names another: `normalizers`) and the weighted sum happen
+in `attend`, the one place they live; so does the sharing of key/value heads.
 
 `VARIANTS` is the one registry `config.model.attention` names: every softmax
-score above, and the variants that replace the softmax kernel altogether,
-`linear` (kernelized, O(n)) and `local` (a window). Each entry says how it
-attends, whether it can keep packed sentences apart, and what cross-attention
-uses in its place. A new softmax score is one function and one `SCORES` entry;
-it is then a variant, tested by every test that loops over the registry.
+score above, and the variants that replace the softmax kernel altogether (`kernels`):
+`linear` (kernelized, O(n)), `local` (a window) and `local_global` (a window and global
+positions). Each entry says how it attends, whether it can keep packed sentences apart, and
+what cross-attention uses in its place. A new softmax score is one function and one `SCORES`
+entry; it is then a variant, tested by every test that loops over the registry. Positions
+that act inside self-attention (`positions`) reach it through `MultiHeadAttention`.
 """
 
 from collections.abc import Callable
