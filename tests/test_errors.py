@@ -796,6 +796,25 @@ COMMANDS = [
      ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/in.en"],
      "--output={tmp}/in.en is --input={tmp}/in.en: writing it would replace the input; pass"
      " another output file."),
+    ("translate.py, --alignment_layer without --alignment",
+     ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/new",
+      "--alignment_layer=0"],
+     "--alignment_layer applies to --alignment only; add --alignment, or drop"
+     " --alignment_layer."),
+    ("translate.py, --alignment of an ensemble",
+     ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/new",
+      "--alignment", "--checkpoint=ensemble:2"],
+     "--alignment reads one model's attention, not an ensemble's; drop one of them."),
+    ("translate.py, --alignment of a layer the model lacks",
+     ["translate.py", "--workdir={run}", "--input={tmp}/in.en", "--output={tmp}/new",
+      "--alignment", "--alignment_layer=3"],
+     "--alignment_layer=3 is not a layer of this model, which has 1 cross-attention layer; pass"
+     " one from -1 to 0 (-2: the penultimate)."),
+    ("evaluate.py, --gold_alignment of several checkpoints",
+     ["evaluate.py", "--workdir={run}", "--split=val", "--checkpoint=2,4",
+      "--gold_alignment={tmp}/gold.txt"],
+     "--gold_alignment scores one checkpoint; choose it on validation first, then score it with"
+     " --checkpoint=selected."),
     ("serve.py, without the [serve] extra", ["serve.py", "--workdir={run}"],
      "seq2seq-serve needs the [serve] extra (fastapi is not installed); install it with pip"
      " install -e \".[serve]\"."),
@@ -809,7 +828,11 @@ MISSING = {"serve.py, without the [serve] extra": "fastapi",
            "benchmark.py --mode=serve, without the [serve] extra": "httpx"}
 FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"},
          "translate.py, --top_k without --sample": {"in.en": b"A dog.\n"},
-         "translate.py, the output is the input": {"in.en": b"A dog.\n"}}
+         "translate.py, the output is the input": {"in.en": b"A dog.\n"},
+         **{name: {"in.en": b"A dog.\n"} for name in (
+             "translate.py, --alignment_layer without --alignment",
+             "translate.py, --alignment of an ensemble",
+             "translate.py, --alignment of a layer the model lacks")}}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,10 @@ r"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
 with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
+With --gold_alignment=FILE (one line per sentence: `i-j` sure and `i?j` or `ipj`
+possible links, 0-based source word i and target word j; --gold_one_based for
+files counting from 1), also the alignment error rate (AER) of the attention of
+--alignment_layer (default -2, the penultimate) on the references, teacher-forced.
 Several comma-separated checkpoints (validation split only) are each scored, and
 the best is recorded in <workdir>/eval/selected.json for --checkpoint=selected.
 """
@@ -30,6 +34,11 @@ _BATCH = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default:
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
 _REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
 _PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")
+_GOLD = flags.DEFINE_string("gold_alignment", "", "Gold word alignment of the test set: score the"
+                            " attention on the references by AER.")
+_ONE_BASED = flags.DEFINE_bool("gold_one_based", False, "--gold_alignment counts words from 1.")
+_LAYER = flags.DEFINE_integer("alignment_layer", -2, "The cross-attention layer (heads averaged)"
+                              " --gold_alignment scores; -2: the penultimate (1 layer: that one).")
 
 
 def main(argv):
@@ -40,6 +49,12 @@ def main(argv):
     if len(candidates) > 1 and _RUN["ensemble"].value:
       raise UserError("--ensemble scores one choice; choose each run's checkpoint on validation"
                       " alone first, then ensemble with --checkpoint=selected.")
+    if (_LAYER.present or _ONE_BASED.present) and not _GOLD.value:
+      raise UserError("--alignment_layer and --gold_one_based apply to --gold_alignment only;"
+                      " add --gold_alignment=FILE, or drop them.")
+    if len(candidates) > 1 and _GOLD.value:
+      raise UserError("--gold_alignment scores one checkpoint; choose it on validation first,"
+                      " then score it with --checkpoint=selected.")
     if len(candidates) > 1:
       result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
                                  beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
@@ -52,7 +67,8 @@ def main(argv):
         _RUN["workdir"].value, split=_SPLIT.value, checkpoint=_RUN["checkpoint"].value,
         beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,
         src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
-        ensemble=_RUN["ensemble"].value)
+        ensemble=_RUN["ensemble"].value, gold_alignment=_GOLD.value,
+        alignment_layer=_LAYER.value, gold_one_based=_ONE_BASED.value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 

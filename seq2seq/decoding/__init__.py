@@ -1,7 +1,8 @@
 """Translating with trained parameters: greedy, beam and sampling search over any model's
 `decode_step` (`search`), several models decoding as one (`ensemble`), and the `Translator`
 that loads a run's checkpoint and turns text into text in compiled, bucketed shapes
-(`translator`).
+(`translator`); the attention of a translation (`alignment`) and the word links drawn from it
+(`word_alignment`).
 
 May import: shared, runtime, data, models, runs.
 """

@@ -6,6 +6,8 @@ for the server the Transformer's self-attention of both sides too.
 ahead per source length of the grid, as the searches are, for a server that must never
 compile while it answers, together with the log-probability of each output subword: the
 score of any given translation (forced decoding), the search's own or a reference.
+`word_alignments` turns the attention of many translations into word links, in batches
+(`seq2seq.decoding.word_alignment` says how).
 """
 
 import functools
@@ -16,8 +18,8 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.data import batching
-from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding import search
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.decoding import search, word_alignment
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.runtime import compiling
@@ -181,3 +183,97 @@ class Alignments:
             "decoder": (len(tgt_in), len(tgt_in))}
     return ({kind: np.asarray(w)[:, :, :rows[kind][0], :rows[kind][1]]
              for kind, w in weights.items()}, np.asarray(log_probs)[:len(out)])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "layer"))
+def _layer_attention(params, src, tgt_in, *, graphdef, layer):
+  """`[batch, t, src_len]`: the cross-attention of layer `layer`, its heads averaged."""
+  return nnx.merge(graphdef, params).attention_weights(src, tgt_in)["cross"][layer].mean(axis=1)
+
+
+def cross_layers(translator: Translator) -> int:
+  """How many layers of cross-attention the translator's model has (the RNN: one)."""
+  if isinstance(translator.graphdef, tuple):
+    raise UserError("An ensemble has no one attention to align words with; align with its runs"
+                    " one by one.")
+  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  return jax.eval_shape(lambda p, s, t: nnx.merge(translator.graphdef, p).attention_weights(
+      s, t)["cross"], translator.params, ids, ids).shape[0]
+
+
+def alignment_layer(translator: Translator, layer: int) -> int:
+  """The index of the layer `--alignment_layer=layer` names (`word_alignment.layer_index`);
+  `UserError` for one the model lacks, or an ensemble."""
+  try:
+    return word_alignment.layer_index(layer, cross_layers(translator))
+  except ValueError as e:
+    raise UserError(str(e)) from None
+
+
+def translations_with_links(translator: Translator, texts: list[str], *,
+                            layer: int = -2) -> list[list[tuple[str, float, str]]]:
+  """`Translator.translate`, each translation with its word links on its source as Pharaoh
+  text (`word_alignment.pharaoh`; empty for an empty translation)."""
+  nbests = translator.hypotheses(texts)
+  flat = [(i, h) for i, nbest in enumerate(nbests) for h in nbest]
+  links = word_alignments(translator, [translator.source_ids(texts[i]) for i, _ in flat],
+                          [h.ids for _, h in flat], layer=layer, output_words=True)
+  found = iter(links)
+  return [[(h.text, h.score, word_alignment.pharaoh(next(found))) for h in nbest]
+          for nbest in nbests]
+
+
+def _pieces(translator: Translator, ids: np.ndarray) -> list[str]:
+  """The pieces of output ids as the detokenizer reads them: PAD and BOS are nothing (empty),
+  ids past the vocabulary unknown."""
+  size = translator.tokenizer.vocab_size
+  ids = np.where((ids < 0) | (ids >= size), UNK_ID, ids)
+  return ["" if i in (PAD_ID, BOS_ID) else p
+          for i, p in zip(ids.tolist(), translator.tokenizer.pieces(ids), strict=True)]
+
+
+def word_alignments(translator: Translator, sources: list[np.ndarray], outputs: list[np.ndarray],
+                    *, layer: int = -2, output_words: bool = False,
+                    batch: int | None = None) -> list[list[word_alignment.Link]]:
+  """The word links of each output on its source (`word_alignment.word_links`), from the
+  attention of layer `layer` (heads averaged) on the output teacher-forced.
+
+  Args:
+    sources: per sentence, its source ids without EOS (cut to fit the model, as searched).
+    outputs: per sentence, the output ids (`Hypothesis.ids`: through EOS where it has one).
+    output_words: the outputs' words are those of their detokenized text (`<unk>` is a word:
+      `word_alignment.word_indices`), not of a text they were encoded from.
+    batch: sentences per program (default: the translator's batch size), padded to grid
+      lengths.
+  """
+  layer = alignment_layer(translator, layer)
+  c, results = translator.config.model, [[] for _ in sources]
+  batch = batch or translator.batch_size
+  pairs = {i: _inputs(src[:c.max_len - 1], out[:c.max_len]) for i, (src, out)
+           in enumerate(zip(sources, outputs, strict=True)) if len(src) and len(out)}
+  order = sorted(pairs, key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+  for start in range(0, len(order), batch):
+    chunk = order[start:start + batch]
+    lengths = [batching.grid_length(max(len(pairs[i][k]) for i in chunk), c.max_len)
+               for k in (0, 1)]
+    src, tgt_in = np.zeros((batch, lengths[0]), np.int32), np.zeros((batch, lengths[1]), np.int32)
+    for row, i in enumerate(chunk):
+      src[row, :len(pairs[i][0])], tgt_in[row, :len(pairs[i][1])] = pairs[i]
+    src[len(chunk):, 0] = EOS_ID  # Filler rows: a source of EOS alone, never read.
+    weights = np.asarray(_layer_attention(translator.params, jnp.asarray(src),
+                                          jnp.asarray(tgt_in), graphdef=translator.graphdef,
+                                          layer=layer))
+    for row, i in enumerate(chunk):
+      results[i] = _links(translator, pairs[i][0][:-1], outputs[i][:c.max_len], weights[row],
+                          output_words)
+  return results
+
+
+def _links(translator: Translator, src: np.ndarray, out: np.ndarray, weights: np.ndarray,
+           output_words: bool) -> list[word_alignment.Link]:
+  """The word links of one sentence from its `[t, src_len]` weights (padded): `</s>` left out
+  on both sides."""
+  words = len(out) - int(out[-1] == EOS_ID)
+  src_words = word_alignment.word_indices(translator.tokenizer.pieces(src))
+  tgt_words = word_alignment.word_indices(_pieces(translator, out[:words]), output_words)
+  return word_alignment.word_links(weights[:words, :len(src)], src_words, tgt_words)

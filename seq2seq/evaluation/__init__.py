@@ -1,6 +1,7 @@
 """Scoring translations: sacreBLEU's BLEU, chrF and TER with their signatures, and an
 evaluation's files (`scores`); evaluating a run's checkpoints on a split and choosing one on
-validation data (`evaluate`); heatmaps of attention and charts (`plots`).
+validation data (`evaluate`); the alignment error rate of a run's attention against a gold
+alignment (`alignment_error`); heatmaps of attention and charts (`plots`).
 
 May import: shared, data, runs, decoding.
 """

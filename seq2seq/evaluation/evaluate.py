@@ -10,6 +10,7 @@ from seq2seq.data import corpus
 from seq2seq.data.textio import read_lines
 from seq2seq.decoding.translator import Translator, check_candidates
 from seq2seq.errors import UserError
+from seq2seq.evaluation.alignment_error import alignment_scores
 from seq2seq.evaluation.scores import evaluate_split
 from seq2seq.runs import workdirs
 from seq2seq.runs.selection import record_selection
@@ -62,9 +63,14 @@ def _members_id(ensemble: Sequence[str]) -> str:
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
                    beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None,
                    src_file: str = "", ref_file: str = "",
-                   plot_attention: int = 0,
-                   ensemble: Sequence[str] = ()) -> tuple[dict, Path]:
+                   plot_attention: int = 0, ensemble: Sequence[str] = (),
+                   gold_alignment: str = "", alignment_layer: int = -2,
+                   gold_one_based: bool = False) -> tuple[dict, Path]:
   """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
+
+  With `gold_alignment` (a file), also the alignment error rate of the attention of layer
+  `alignment_layer` on the references (`alignment_error.alignment_scores`; `gold_one_based`:
+  the file counts words from 1), in the scores as `aer` and `alignment_*`.
 
   With `plot_attention` K > 0, also draws the attention of the first K non-empty
   source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
@@ -75,6 +81,9 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   """
   if plot_attention and (ensemble or checkpoint.startswith("ensemble:")):
     raise UserError("--plot_attention draws one model's attention, not an ensemble's; drop one"
+                    " of them.")
+  if gold_alignment and (ensemble or checkpoint.startswith("ensemble:")):
+    raise UserError("--gold_alignment scores one model's attention, not an ensemble's; drop one"
                     " of them.")
   if plot_attention < 0:
     raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
@@ -97,7 +106,10 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
                                        if ensemble else "")
   prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
-  result = evaluate_split(translator, sources, references, prefix, checkpoint)
+  aer = (alignment_scores(translator, sources, references, gold_alignment,
+                          layer=alignment_layer, one_based=gold_one_based)
+         if gold_alignment else None)  # Before decoding: a wrong gold file fails at once.
+  result = evaluate_split(translator, sources, references, prefix, checkpoint, aer)
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
   if drawn:
     from seq2seq.evaluation.plots import plot_alignment  # matplotlib only where pictures are drawn.

@@ -41,9 +41,11 @@ def output_files(prefix: Path) -> tuple[Path, Path]:
 
 
 def evaluate_split(translator, sources: Sequence[str], references: Sequence[str],
-                   out_prefix: Path, checkpoint: str | None = None) -> dict:
+                   out_prefix: Path, checkpoint: str | None = None,
+                   extra: dict | None = None) -> dict:
   """Translates with `translator` (a `translator.Translator`), scores, and writes
-  `<out_prefix>.hyp` and `<out_prefix>.json`.
+  `<out_prefix>.hyp` and `<out_prefix>.json` (with the scores `extra` beside the others, such
+  as the alignment error rate).
 
   `checkpoint` is the spec as the user gave it (default: the translator's); where it named
   another (`selected`), the JSON records both, as `checkpoint` and `selected_checkpoint`.
@@ -52,7 +54,7 @@ def evaluate_split(translator, sources: Sequence[str], references: Sequence[str]
   hypotheses = [nbest[0][0] for nbest in translator.translate(sources)]
   seconds = time.perf_counter() - start
   result = {
-      **scores(hypotheses, references),
+      **scores(hypotheses, references), **(extra or {}),
       "sentences": len(sources), "checkpoint": checkpoint or translator.checkpoint,
       **({"selected_checkpoint": translator.checkpoint}
          if checkpoint and checkpoint != translator.checkpoint else {}),
