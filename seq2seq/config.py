@@ -103,7 +103,7 @@ def _train_defaults() -> ml_collections.ConfigDict:
   t = ml_collections.ConfigDict()
   t.num_steps = 10_000  # Optimizer steps in the whole run.
   t.seed = 0  # Seeds parameters, batch order and dropout.
-  t.learning_rate = 1e-3  # Peak learning rate, reached at the end of warmup.
+  t.learning_rate = 1e-3  # Peak learning rate, reached at the end of warmup (0: none).
   t.warmup_steps = 1000  # Linear warmup, then the decay `schedule` names.
   t.schedule = "inverse_sqrt"  # After warmup: "inverse_sqrt", or to zero at num_steps: "linear",
   # "cosine".
@@ -124,6 +124,16 @@ def _train_defaults() -> ml_collections.ConfigDict:
   # Extensions chosen by name, none by default (docs/extending.md; checked by the driver):
   t.loss_terms = ""  # Loss terms added to the objective: "name:weight,..." (e.g. "z_loss:1e-4").
   t.actions = ""  # Loop actions run after the built-in ones: "name,..." (e.g. "param_norm").
+  # Start from a parent run (docs/training.md, "Starting from another run"; checked in
+  # training.parents): its workdir ("": off). Only its parameters by default; once this run has
+  # a checkpoint of its own it resumes from that and never reads the parent again.
+  t.init_from = ""
+  # The parent's checkpoint: best, latest, selected, avg:N or a step. "best" (by validation
+  # BLEU, what evaluation decodes by default): fine-tuning wants the parameters chosen on
+  # validation, and unlike "selected" every evaluated run has one.
+  t.init_checkpoint = "best"
+  t.init_keep = ""  # What else comes from the parent: "optimizer", "step" or "optimizer,step".
+  t.init_fresh = ""  # Regex on parameter paths left freshly initialized, e.g. "logits_dense".
   return t
 
 
@@ -259,7 +269,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "model.rnn_hidden_dim": m.rnn_hidden_dim, "data.vocab_size": d.vocab_size,
       "data.max_len": d.max_len,
       "data.tokens_per_batch": d.tokens_per_batch, "data.bucket_step": d.bucket_step,
-      "train.num_steps": t.num_steps, "train.learning_rate": t.learning_rate,
+      "train.num_steps": t.num_steps,
       "train.grad_accum_steps": t.grad_accum_steps, "train.steps_per_call": t.steps_per_call,
       "train.log_every_steps": t.log_every_steps, "eval.every_steps": e.every_steps,
       "eval.batch_size": e.batch_size, "eval.beam_size": e.beam_size,
@@ -270,7 +280,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       raise UserError(f"config.{name}={value} must be positive.")
   non_negative = {
       "data.max_train_examples": d.max_train_examples, "data.num_buckets": d.num_buckets,
-      "train.warmup_steps": t.warmup_steps,
+      "train.warmup_steps": t.warmup_steps, "train.learning_rate": t.learning_rate,
       "train.adam_eps": t.adam_eps, "train.weight_decay": t.weight_decay,
       "train.clip_norm": t.clip_norm, "train.patience": t.patience,
       "eval.max_sentences": e.max_sentences, "model.num_kv_heads": m.num_kv_heads,

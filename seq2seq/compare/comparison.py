@@ -118,6 +118,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
   """
   runs = _runs(run_dirs, baseline, beam_size, alpha)
+  parents = _parents(runs)
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
   named = [ts.name for ts in sets]
   twice = _repeated(named)
@@ -134,10 +135,12 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   texts = _texts(runs, sets)
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
+  for row in rows if parents else []:
+    row["parent"] = parents.get(row["run"])
   for e in before:
     _check_signature(e, rows[0])
   joined = _each_once(rows, earlier_rows, fields, named)
-  columns = ["run", *fields, *FIXED_COLUMNS] + [
+  columns = ["run", *fields, *FIXED_COLUMNS, *(["parent"] if parents else [])] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")]
   seeds = seed_aggregate(joined, fields, named, runs[0].name)
@@ -170,6 +173,21 @@ def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
              for w in run_dirs]
   records = [_training_record(w) for w in run_dirs]
   return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]
+
+
+def _parents(runs: list[_Run]) -> dict[str, str]:
+  """Each started run's parent (its parent.json, config.train.init_from) as the table shows it:
+  the parent's name among the compared runs, else its directory's, with the checkpoint and
+  its step; {} when no run has one (the table then has no parent column)."""
+  names = {run.workdir.resolve(): run.name for run in runs}
+  shown = {}
+  for run in runs:
+    if (run.workdir / workdirs.PARENT).is_file():
+      record = workdirs.read_json(run.workdir / workdirs.PARENT, workdirs.RUN_CONFIG_FIX)
+      parent = Path(str(record.get("workdir", "")))
+      shown[run.name] = (f"{names.get(parent, parent.name)} ({record.get('checkpoint')}, step"
+                         f" {record.get('step')})")
+  return shown
 
 
 def _earlier(directory: Path, sets: list[str], search: tuple[int, float]) -> report.Earlier:

@@ -182,6 +182,6 @@ def _markdown(rows: list[dict], columns: list[str]) -> list[str]:
   lines = ["| " + " | ".join(map(_cell, columns)) + " |", "|" + "---|" * len(columns)]
   for row in rows:
     lines.append("| " + " | ".join(
-        _cell(_fmt(row[c], 3 if c.endswith("_p") or c.endswith("p_value") else 2))
+        _cell(_fmt(row.get(c), 3 if c.endswith("_p") or c.endswith("p_value") else 2))
         for c in columns) + " |")
   return lines

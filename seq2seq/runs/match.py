@@ -71,13 +71,13 @@ def check_shapes(workdir: Path, step: int, saved_params: dict, params_like) -> N
   """Raises `UserError` if the parameter shapes saved at `step` (`saved_params`, nested dicts
   of shapes) do not fit `params_like`: names the first differing parameter, and says whether
   the run's vocabulary or its config no longer matches the checkpoint."""
-  saved = _flat_shapes(saved_params)
-  model = _flat_shapes(params_like)
+  saved = flat_shapes(saved_params)
+  model = flat_shapes(params_like)
   names = sorted(saved.keys() | model.keys())
   differ = [(n, saved.get(n), model.get(n)) for n in names if saved.get(n) != model.get(n)]
   if not differ:
     return
-  vocab = _vocab_size(workdir / workdirs.VOCAB)
+  vocab = vocab_size(workdir / workdirs.VOCAB)
   # Only the vocabulary-sized axis of embedding/output tables differs: a foreign vocabulary.
   rows = [_vocab_axis(s, m, vocab) for _, s, m in differ]
   if vocab is not None and None not in rows and len(set(rows)) == 1:
@@ -93,14 +93,17 @@ def check_shapes(workdir: Path, step: int, saved_params: dict, params_like) -> N
       " a new --workdir.")
 
 
-def _flat_shapes(tree) -> dict[str, tuple]:
+def leaf_name(path) -> str:
+  """"decoder_layers.0.mlp.kernel": the dotted name of a leaf's key path, saved or live."""
+  parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+  return ".".join(parts[:-1] if parts and parts[-1] == "value" else parts)
+
+
+def flat_shapes(tree) -> dict[str, tuple]:
   """{"decoder_layers.0.mlp.kernel": shape} of a parameter tree, saved or live."""
-  def name(path):
-    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-    return ".".join(parts[:-1] if parts and parts[-1] == "value" else parts)
   leaves = jax.tree_util.tree_flatten_with_path(
       tree, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(d, int) for d in x))[0]
-  return {name(path): tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
+  return {leaf_name(path): tuple(leaf) if isinstance(leaf, tuple) else tuple(leaf.shape)
           for path, leaf in leaves}
 
 
@@ -116,7 +119,7 @@ def _describe(shape: tuple | None) -> str:
   return "missing" if shape is None else f"of shape {shape}"
 
 
-def _vocab_size(path: Path) -> int | None:
+def vocab_size(path: Path) -> int | None:
   """Pieces in the run's SentencePiece model (None if there is none)."""
   if not path.is_file():
     return None

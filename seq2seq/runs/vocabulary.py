@@ -16,29 +16,43 @@ VOCAB_SEED = 0  # Seeds SentencePiece: runs that differ in train.seed share a vo
 
 
 def load(workdir: Path, texts: Callable[[], list[str]],
-         d: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
+         config: ml_collections.ConfigDict) -> tokenizer.Tokenizer:
   """Trains the run's SentencePiece model on `texts()` once (process 0), or copies the one of
-  `d.vocab_from` (config.data); then every process loads it."""
+  the run `source` names; then every process loads it."""
+  d = config.data
   if jax.process_index() == 0:
-    if d.vocab_from and not (workdir / workdirs.VOCAB).is_file():
-      _check_vocab_from(Path(d.vocab_from), d.vocab_size)
-      workdirs.copy_vocabulary(Path(d.vocab_from), workdir)
+    run, field = source(config)
+    if run is not None and not (workdir / workdirs.VOCAB).is_file():
+      check_source(run, d.vocab_size, field)
+      workdirs.copy_vocabulary(run, workdir, field)
     tok = tokenizer.load_or_train(workdir / workdirs.VOCAB, texts, d.vocab_size, seed=VOCAB_SEED)
   multihost_utils.sync_global_devices("tokenizer")
   return tok if jax.process_index() == 0 else tokenizer.Tokenizer.load(workdir / workdirs.VOCAB)
 
 
-def _check_vocab_from(source: Path, vocab_size: int) -> None:
-  """Raises `UserError` if the run `source` (config.data.vocab_from) trained its vocabulary at
-  another config.data.vocab_size than this run's, which config.json would then misstate."""
-  if not (source / workdirs.CONFIG).is_file():
+def source(config: ml_collections.ConfigDict) -> tuple[Path | None, str]:
+  """The run whose vocabulary a new run takes instead of training one, and the field that names
+  it: config.data.vocab_from, else the parent (config.train.init_from, whose vocabulary
+  `training.parents` checks is vocab_from's where both are set); (None, "") if neither."""
+  if config.data.vocab_from:
+    return Path(config.data.vocab_from), "config.data.vocab_from"
+  if config.train.init_from:
+    return Path(config.train.init_from), "config.train.init_from"
+  return None, ""
+
+
+def check_source(run: Path, vocab_size: int, field: str = "config.data.vocab_from") -> None:
+  """Raises `UserError` if `run` (named by `field`) trained its vocabulary at another
+  config.data.vocab_size than this run's, which config.json would then misstate."""
+  if not (run / workdirs.CONFIG).is_file():
     return  # workdirs.copy_vocabulary says what is missing.
-  size = workdirs.read_run_config(source).data.vocab_size
+  size = workdirs.read_run_config(run).data.vocab_size
   if size != vocab_size:
-    raise UserError(f"config.data.vocab_from={source} holds a vocabulary of"
-                    f" config.data.vocab_size={size}, not this run's {vocab_size}; pass"
-                    f" --config.data.vocab_size={size}, or drop vocab_from to train one of"
-                    f" {vocab_size}.")
+    drop = ("drop vocab_from" if field == "config.data.vocab_from"
+            else "start a new run without init_from")
+    raise UserError(f"{field}={run} holds a vocabulary of config.data.vocab_size={size}, not"
+                    f" this run's {vocab_size}; pass --config.data.vocab_size={size}, or {drop}"
+                    f" to train one of {vocab_size}.")
 
 
 def share(first: Path, others: list[Path]) -> None:

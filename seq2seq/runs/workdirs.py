@@ -3,6 +3,7 @@
 Layout (paths relative to the workdir; every module takes them from here):
 
   config.json            the run's full config
+  parent.json            the run it started from (config.train.init_from), if any
   vocab/spm.model        the joint SentencePiece model
   checkpoints/<step>/    orbax checkpoints
   damaged_checkpoints/   newest checkpoints that no longer read back, moved aside
@@ -31,6 +32,7 @@ from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
 
 CONFIG = Path("config.json")
+PARENT = Path("parent.json")
 VOCAB = Path("vocab") / "spm.model"
 CHECKPOINTS = Path("checkpoints")
 DAMAGED_CHECKPOINTS = Path("damaged_checkpoints")
@@ -70,13 +72,14 @@ def check_is_run_or_new(workdir: str | Path) -> None:
                     " the run, or a run's workdir.")
 
 
-def copy_vocabulary(source: Path, workdir: Path) -> None:
-  """Puts run `source`'s vocabulary in `workdir` (`config.data.vocab_from`): the .vocab first
-  and the .model last, each whole (written under a private name, then renamed)."""
+def copy_vocabulary(source: Path, workdir: Path, field: str = "config.data.vocab_from") -> None:
+  """Puts run `source`'s vocabulary in `workdir` (`field`: config.data.vocab_from, or
+  config.train.init_from): the .vocab first and the .model last, each whole (written under a
+  private name, then renamed)."""
   model = source / VOCAB
   if not model.is_file():
-    raise UserError(f"config.data.vocab_from={source}: {model} does not exist; pass the workdir"
-                    " of a run that has trained its vocabulary.")
+    raise UserError(f"{field}={source}: {model} does not exist; pass the workdir of a run that"
+                    " has trained its vocabulary.")
   tokenizer.Tokenizer.load(model)  # Refuses one that seq2seq did not write.
   target = workdir / VOCAB
   target.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from seq2seq.runs.full_disk import full_disk_is_user_error
 from seq2seq.runs.match import save_run_config
 from seq2seq.runs.train_state import TrainState
 from seq2seq.runtime import compiling, distributed, signals
-from seq2seq.training import actions, steps
+from seq2seq.training import actions, parents, steps
 from seq2seq.training.trainer import Trainer
 
 log = logging.getLogger("seq2seq")
@@ -48,9 +48,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       if (done := claim.finished()) is not None:
         return done
       with claim.held():
+        parent = parents.of(config, claim.workdir, claim.latest_step())  # Before compiling.
         trainer = Trainer(config, claim.workdir)
         state, step = compile_and_restore(trainer, [claim], lambda: (
-            claim.checkpoints.restore_latest_good(trainer.run_abstract, trainer.new_state)))
+            claim.checkpoints.restore_latest_good(
+                trainer.run_abstract, parents.starter(trainer, parent, [claim.workdir]))))
         return run_loop(trainer, state, step, lambda progress, compile_log: actions.RunActions(
             trainer, claim.checkpoints, claim.workdir, step, progress, compile_log))[0]
     finally:
@@ -59,10 +61,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises `UserError` in one line if `config` cannot train: a bad field (`config.validate`),
-  what its model family cannot build (`models.check_config`), or a loss term or loop action it
-  chooses that is not registered (`steps.LOSS_TERMS`, `actions.ACTIONS`)."""
+  """Raises `UserError` in one line if `config` cannot train: a bad field (`config.validate`,
+  `parents.check_fields`), what its model family cannot build (`models.check_config`), or a
+  loss term or loop action it chooses that is not registered (`steps.LOSS_TERMS`,
+  `actions.ACTIONS`)."""
   config_lib.validate(config)
+  parents.check_fields(config)
   models.check_config(config)
   steps.LOSS_TERMS.chosen(config.train.loss_terms)
   actions.ACTIONS.chosen(config.train.actions)
@@ -84,8 +88,8 @@ def started(config: ml_collections.ConfigDict):
 def compile_and_restore(trainer: Trainer, claims: list[Claim], restore) -> tuple[TrainState, int]:
   """Says what the run is about to train, and compiles the train step while the checkpoints
   are read (`restore()`: the step restored, None if new, and the state); returns the state to
-  train from and its step. The other programs compile once the first step has run
-  (`reports.CompileLog`)."""
+  train from and its step (a new run's: `Trainer.start_step`). The other programs compile once
+  the first step has run (`reports.CompileLog`)."""
   config, batches = trainer.config, trainer.train_batches
   log.info("Model: %s, %.2fM parameters; %d training pairs (%d dropped by length), %d batches"
            " per epoch; devices: %d.", config.model.family, trainer.num_params / 1e6,
@@ -104,7 +108,7 @@ def compile_and_restore(trainer: Trainer, claims: list[Claim], restore) -> tuple
   if restored is not None:
     log.info("Resumed %s at step %d.", ", ".join(str(c.workdir) for c in claims), restored)
   log.info(compiling.report(trainer.train_programs, compile_start))
-  return state, restored or 0
+  return state, restored or trainer.start_step
 
 
 def run_loop(trainer: Trainer, state: TrainState, step: int, make_run) -> list[dict | Exception]:

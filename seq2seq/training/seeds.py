@@ -25,7 +25,7 @@ from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.claim import Claim, writing_in
 from seq2seq.runs.full_disk import full_disk_is_user_error
 from seq2seq.runs.train_state import TrainState
-from seq2seq.training import actions, loop
+from seq2seq.training import actions, loop, parents
 from seq2seq.training.reports import CompileLog, Progress
 from seq2seq.training.trainer import Trainer, local_batches, stack, with_shardings
 
@@ -166,10 +166,12 @@ def train_seeds(config: ml_collections.ConfigDict,
     claims.update(_claim_members(config, runs, stack, results))
     if claims:
       members = list(claims.values())
+      parent = parents.of(config, members[0].workdir, members[0].latest_step())
       group = SeedGroup(config, members[0].workdir, list(claims))
       vocabulary.share(members[0].workdir, [claim.workdir for claim in members[1:]])
       log.info("Seeds %s train as one program.", ", ".join(map(str, group.seeds)))
-      state, step = loop.compile_and_restore(group, members, lambda: _restore(group, members))
+      state, step = loop.compile_and_restore(group, members,
+                                             lambda: _restore(group, members, parent))
       opened = [(claim.checkpoints, claim.workdir) for claim in members]
       trained = loop.run_loop(group, state, step, lambda progress, compile_log: Members(
           group, opened, step, progress, compile_log))
@@ -203,9 +205,10 @@ def _claim_members(config, runs: dict[int, Path], stack: contextlib.ExitStack,
   return claims
 
 
-def _restore(group: SeedGroup, claims: list[Claim]) -> tuple[int | None, TrainState]:
+def _restore(group: SeedGroup, claims: list[Claim],
+             parent: parents.Parent | None) -> tuple[int | None, TrainState]:
   """The step restored (None: new) and the group's state to train from: its members' latest
-  good checkpoints (which must be at one step), or a new one."""
+  good checkpoints (which must be at one step), or a new one (from `parent`, if any)."""
   restored = [claim.checkpoints.restore_latest_good(group.run_abstract) for claim in claims]
   steps = [step for step, _ in restored]
   if len(set(steps)) > 1:
@@ -214,5 +217,5 @@ def _restore(group: SeedGroup, claims: list[Claim]) -> tuple[int | None, TrainSt
                     + " are at different steps and cannot resume as one program; train them"
                     " one by one (seq2seq-sweep --one_by_one).")
   if steps[0] is None:
-    return None, group.new_state()
+    return None, parents.starter(group, parent, [claim.workdir for claim in claims])()
   return steps[0], group.group_state([state for _, state in restored])

@@ -69,12 +69,14 @@ class Trainer:
   `_new_dropout_key`, `_make_state`)."""
 
   label = ""  # After the train programs' names: what they train, where that is not one run.
+  # The step a new run starts at: 0, or its parent's where it keeps it (`parents.start`).
+  start_step = 0
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
     self.config = config
     train_text, self.val_text = _read_text(config)
     self.tokenizer = vocabulary.load(workdir, lambda: train_text.src + train_text.tgt,
-                                     config.data)
+                                     config)
     self.mesh = distributed.make_mesh(config.train.fsdp)
     self.replicated = NamedSharding(self.mesh, P())
     self.data_sharding = distributed.batch_sharding(self.mesh)
