@@ -45,7 +45,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.positions = "sinusoidal"
   m.max_relative_distance = 16  # `relative` positions: distances clipped to +-K (Shaw et al.).
   # What turns scores into weights (models.normalizers.NORMALIZERS): "softmax", "sparsemax"
-  # (Martins & Astudillo 2016), "entmax15" (Peters et al. 2019) or "entmax_bisect".
+  # (Martins & Astudillo 2016), "entmax15" (Peters et al. 2019), "entmax_bisect" (alpha below)
+  # or "entmax_learned" (an alpha per head, learned from the one below: Correia et al. 2019).
   m.attention_normalizer = "softmax"
   m.entmax_alpha = 1.5  # `entmax_bisect`: alpha > 1 (2: sparsemax; towards 1: softmax).
   m.num_encoder_layers = 3  # Encoder blocks.

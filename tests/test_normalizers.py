@@ -269,3 +269,36 @@ def test_zero_shares_count_exact_zeros_among_the_allowed_weights(tiny_config, fa
     allowed, zeros = allowed + w.size, zeros + int((w == 0).sum())
   assert shares["sparsemax"]["cross"][0] == pytest.approx(zeros / allowed)
   assert zeros > 0
+
+
+def test_a_learned_alpha_per_head_starts_at_the_config_and_learns(tiny_config):
+  """entmax_learned: each head's alpha starts at config.model.entmax_alpha (1.5: the weights
+  are entmax15's), and the loss's gradient reaches every head's alpha."""
+  from flax import nnx
+
+  from seq2seq.models import attention, build_model, masks
+
+  layer = attention.MultiHeadAttention(8, 2, attention="scaled_dot", dropout_rate=0.0,
+                                       rngs=nnx.Rngs(params=0), normalizer="entmax_learned",
+                                       entmax_alpha=1.5)
+  np.testing.assert_allclose(layer.alpha()[:, 0, 0], [1.5, 1.5], rtol=1e-6)
+  x = jax.random.normal(jax.random.key(0), (1, 5, 8))
+  mask = masks.padding_mask(jnp.array([[5, 6, 7, 8, 0]]))
+  _, learned = layer(x, *layer.project_kv(x), mask, return_weights=True)
+  query = attention.split_heads(layer.query(x), 2)
+  keys = attention.split_heads(layer.key(x), 2)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", query, keys) / 2.0
+  np.testing.assert_allclose(learned, entmax15(scores, mask.dense(5)), atol=1e-5)
+
+  tiny_config.model.update(attention_normalizer="entmax_learned", entmax_alpha=1.3)
+  graphdef, params = nnx.split(build_model(tiny_config, 40), nnx.Param)
+  src, tgt = jnp.array([[5, 6, 7, 3]]), jnp.array([[2, 8, 9, 10]])
+
+  def loss(params):
+    model = nnx.merge(graphdef, params)
+    return model.decode(model.encode(src), tgt).sum()
+
+  logits = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(jax.grad(loss)(params))
+            if ".alpha" in jax.tree_util.keystr(path) or "'alpha'" in jax.tree_util.keystr(path)]
+  assert len(logits) == 3  # Encoder self-, decoder self- and cross-attention, one layer each.
+  assert all(np.all(np.asarray(leaf) != 0) for leaf in logits)

@@ -69,6 +69,9 @@ def _composition_problem(m: ml_collections.ConfigDict) -> str | None:
     return (f"config.model.attention_normalizer={m.attention_normalizer!r}: the {m.family}'s"
             f" {m.attention!r} attention takes no normalizer; use softmax, or one of:"
             f" {', '.join(cls.NORMALIZED)}.")
+  if NORMALIZERS[m.attention_normalizer].learns_alpha and not m.entmax_alpha < 2:
+    return (f"config.model.attention_normalizer={m.attention_normalizer!r} learns alpha in (1,"
+            f" 2) from config.model.entmax_alpha={m.entmax_alpha}; start it below 2.")
   if m.num_kv_heads and not cls.SHARES_KV_HEADS:
     return (f"config.model.num_kv_heads={m.num_kv_heads}: the {m.family} has no key/value heads"
             " to share; leave it at 0.")

@@ -30,7 +30,7 @@ from seq2seq.models.dropout import Dropout
 from seq2seq.models.kernels import linear_attention, local_attention, local_global_attention
 from seq2seq.models.linear import Linear
 from seq2seq.models.masks import Mask
-from seq2seq.models.normalizers import NORMALIZERS, Normalizer, bound, masked_softmax
+from seq2seq.models.normalizers import NORMALIZERS, Normalizer, bound, learned_alpha, masked_softmax
 from seq2seq.models.positions import POSITIONS, Positions
 
 
@@ -288,6 +288,7 @@ class MultiHeadAttention(nnx.Module):
     self.query, self.key, self.value, self.out = linear(dim), linear(kv_dim), linear(kv_dim), \
         linear(dim)
     self.dropout = Dropout(dropout_rate)
+    self.alpha = learned_alpha(normalizer, dict(hyperparameters), num_heads)
 
   @property
   def variant(self) -> Variant:
@@ -326,7 +327,8 @@ class MultiHeadAttention(nnx.Module):
     query = split_heads(self.query(x), self.num_heads)
     options = self._options(self.variant)
     if self.normalizer != "softmax":  # A variant's own default is the softmax.
-      options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()))
+      options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()),
+                                    self.alpha)
     relative, entry = None, self.position
     if positions is not None and entry is not None:
       if entry.rotate:

@@ -12,11 +12,13 @@ Their gradients are the papers' closed forms (`jax.custom_vjp`): each Jacobian i
 """
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 # Sparsemax gives exactly zero weight to every score 1 or more below its row's largest, and
 # 1.5-entmax to every score 2 or more below. Raising lower scores (and masked keys) to this
@@ -205,10 +207,32 @@ def _sum_to_shape(x, shape):
 entmax_bisect.defvjp(_entmax_bisect_fwd, _entmax_bisect_bwd)
 
 
-def bound(name: str, options: tuple = ()) -> Callable:
+class LearnedAlpha(nnx.Module):
+  """Correia et al. (2019), "Adaptively Sparse Transformers": each head learns its alpha,
+  1 + sigmoid(a) in (1, 2) (from softmax-like to sparsemax), starting at `alpha`."""
+
+  def __init__(self, num_heads: int, alpha: float):
+    self.logit = nnx.Param(jnp.full((num_heads,), math.log((alpha - 1) / (2 - alpha)),
+                                    jnp.float32))
+
+  def __call__(self) -> jnp.ndarray:
+    """`[heads, 1, 1]`: broadcasts against scores `[batch, heads, q, k]`' rows."""
+    return (1 + jax.nn.sigmoid(self.logit[...]))[:, None, None]
+
+
+def learned_alpha(name: str, cfg, num_heads: int) -> LearnedAlpha | None:
+  """The alpha per head that `NORMALIZERS[name]` learns (None: it learns none)."""
+  return LearnedAlpha(num_heads, cfg["entmax_alpha"]) if NORMALIZERS[name].learns_alpha else None
+
+
+def bound(name: str, options: tuple = (), learned: LearnedAlpha | None = None) -> Callable:
   """`NORMALIZERS[name]`'s `normalize(scores, mask)`, its hyperparameters `options` ((field,
-  value) pairs, as `options_of` reads them) bound."""
-  return functools.partial(NORMALIZERS[name].normalize, **dict(options))
+  value) pairs, as `options_of` reads them) bound, and its `learned` alpha in place of the
+  configured one."""
+  options = dict(options)
+  if learned is not None:
+    options["entmax_alpha"] = learned()
+  return functools.partial(NORMALIZERS[name].normalize, **options)
 
 
 def options_of(name: str, cfg) -> tuple:
@@ -236,6 +260,7 @@ class Normalizer(NamedTuple):
   normalize: Callable[..., jnp.ndarray]
   sparse: bool
   hyperparameters: tuple[str, ...] = ()
+  learns_alpha: bool = False  # Each head learns its alpha, from `config.model.entmax_alpha`.
 
 
 NORMALIZERS: dict[str, Normalizer] = {
@@ -245,4 +270,7 @@ NORMALIZERS: dict[str, Normalizer] = {
     "entmax_bisect": Normalizer(
         lambda scores, mask, entmax_alpha: entmax_bisect(scores, mask, entmax_alpha),
         sparse=True, hyperparameters=("entmax_alpha",)),
+    "entmax_learned": Normalizer(
+        lambda scores, mask, entmax_alpha: entmax_bisect(scores, mask, entmax_alpha),
+        sparse=True, hyperparameters=("entmax_alpha",), learns_alpha=True),
 }

@@ -9,12 +9,11 @@ from the encoder's final state through a bridge (or from zeros) and, at step t:
   Bahdanau (concat): scores with the *previous* state s_{t-1} and feeds the
     context into the stack: [y_{t-1}; c_t (; h~_{t-1})];
 
-(`config.model.rnn_query_state` picks the query state; "auto" is previous for
-concat, as Bahdanau et al. built it, and current for the other scores), then
-forms the attentional hidden state h~_t = tanh(W_c [c_t; h_t]) and the
-logits from h~_t. With `none`, c_t is the fixed final encoder state. Without
-input feeding, a Luong decoder's recurrence does not depend on attention, so
-teacher-forced decoding runs the stack once and attends for all steps at once.
+(`config.model.rnn_query_state` picks the query state; "auto" is previous for concat, as
+Bahdanau et al. built it, and current for the other scores), then forms the attentional hidden
+state h~_t = tanh(W_c [c_t; h_t]) and the logits from h~_t. With `none`, c_t is the fixed final
+encoder state. Without input feeding, a Luong decoder's recurrence does not depend on
+attention, so teacher-forced decoding runs the stack once and attends for all steps at once.
 Every recurrence is a `jax.lax.scan`.
 
 A recurrence is latency-bound on a CPU, so each loop body holds only what depends on the
@@ -41,7 +40,7 @@ from seq2seq.models import masks
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear, matmul
 from seq2seq.models.local_rnn import KERNELS
-from seq2seq.models.normalizers import bound, options_of
+from seq2seq.models.normalizers import bound, learned_alpha, options_of
 
 Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
 CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
@@ -213,6 +212,7 @@ class RNN(nnx.Module):
     self.reverse_source = cfg.reverse_source
     self.window = cfg.attention_window  # D of the local attentions.
     self.normalizer = (cfg.attention_normalizer, options_of(cfg.attention_normalizer, cfg))
+    self.alpha = learned_alpha(cfg.attention_normalizer, cfg, 1)
     self.bidirectional = cfg.bidirectional
     hidden, emb = cfg.rnn_hidden_dim, cfg.emb_dim
     self.hidden = hidden
@@ -291,7 +291,7 @@ class RNN(nnx.Module):
     context, weights = KERNELS[self.attention].attend(
         query[:, None], memory.keys, memory.encoded[:, None],
         memory.src_mask.replace(query_offset=first), self.score_params, window=self.window,
-        reverse=self.reverse_source, normalizer=bound(*self.normalizer))
+        reverse=self.reverse_source, normalizer=bound(*self.normalizer, self.alpha))
     return context[:, 0], weights[:, 0]
 
   def _gates(self, cell: nnx.Module, hoisted: int) -> GateKernels:
