@@ -61,12 +61,12 @@ def test_kv_heads_benchmark_counts_the_cache_of_the_shared_heads_only():
   """4 query heads on 4, 2 and 1 key/value heads: the cache and the cross-attention keys and
   values shrink in proportion (known bytes: layers x 2 (keys, values) x rows x heads x length
   x head size x 4 bytes)."""
-  results = benchmark.kv_heads_benchmark(layers=2, dim=32, heads=4, mlp=64, vocab=100, batch=3,
-                                         src_len=5, out_len=6, beam=2, kv_heads=(0, 2, 1),
+  results = benchmark.kv_heads_benchmark(layers=1, dim=32, heads=4, mlp=64, vocab=100, batch=3,
+                                         src_len=5, out_len=4, beam=2, kv_heads=(0, 2, 1),
                                          repeats=1)
   assert [r["num_kv_heads"] for r in results] == [4, 2, 1]
-  assert [r["cache_bytes"] for r in results] == [2 * 2 * 6 * kv * 6 * 8 * 4 for kv in (4, 2, 1)]
-  assert [r["cross_kv_bytes"] for r in results] == [2 * 2 * 3 * kv * 5 * 8 * 4
+  assert [r["cache_bytes"] for r in results] == [1 * 2 * 6 * kv * 4 * 8 * 4 for kv in (4, 2, 1)]
+  assert [r["cross_kv_bytes"] for r in results] == [1 * 2 * 3 * kv * 5 * 8 * 4
                                                     for kv in (4, 2, 1)]
   assert [r["cache_share"] for r in results] == [1.0, 0.5, 0.25]
   assert results[0]["speedup"] == 1.0

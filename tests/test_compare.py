@@ -81,6 +81,7 @@ def test_training_minutes_add_up_every_resumed_segment():
   assert comparison._train_seconds(records) == pytest.approx(400.0)
 
 
+@pytest.mark.slow  # A minute: trains a sweep of four runs and compares it twice.
 def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   c = fast_tiny_config()
   c.train.num_steps, c.eval.every_steps = 4, 2

@@ -71,8 +71,8 @@ def test_a_child_at_learning_rate_0_keeps_the_parents_chosen_checkpoint(run, tmp
 
 @pytest.mark.parametrize("keep, steps, counts", [
     ("", [1, 2], (2, 2, 2)),  # (step, Adam's count, the schedule's count)
-    ("optimizer", [1, 2], (2, 6, 2)),
-    ("step", [5, 6], (6, 2, 6)),
+    pytest.param("optimizer", [1, 2], (2, 6, 2), marks=pytest.mark.slow),
+    pytest.param("step", [5, 6], (6, 2, 6), marks=pytest.mark.slow),
     ("optimizer,step", [5, 6], (6, 6, 6))])
 def test_the_step_optimizer_and_schedule_start_fresh_unless_kept(run, tmp_path, keep, steps,
                                                                  counts):

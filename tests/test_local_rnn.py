@@ -141,6 +141,7 @@ def test_local_attention_equals_dense_general_attention_under_the_window(name, w
   assert np.all(weights[expected_weights == 0] == 0.0)
 
 
+@pytest.mark.slow  # Over ~7 s (or a second case of a fast one): -m slow runs it.
 def test_local_m_with_a_window_over_the_whole_source_is_general(tiny_config):
   """Same parameters (local_m's are general's, drawn alike), and a window wider than every
   source: the same model."""
@@ -165,6 +166,7 @@ def test_source_padding_changes_nothing(tiny_config, name):
   assert np.all(weights[..., 6:] == 0.0)
 
 
+@pytest.mark.slow  # Over ~7 s (or a second case of a fast one): -m slow runs it.
 @pytest.mark.parametrize("name", LOCAL)
 def test_reverse_source_steps_as_it_decodes_and_aligns_words_monotonically(tiny_config, name):
   config = rnn_config(tiny_config, attention=name, reverse_source=True)
@@ -182,6 +184,7 @@ def test_reverse_source_steps_as_it_decodes_and_aligns_words_monotonically(tiny_
     np.testing.assert_array_equal(words > 0, expected)
 
 
+@pytest.mark.slow  # Over ~7 s (or a second case of a fast one): -m slow runs it.
 @pytest.mark.parametrize("name", LOCAL)
 def test_beam_search_decodes_each_sentence_as_it_does_alone(tiny_config, name):
   """Beam 1 is greedy; beam 3 (the memory copied per beam) on two sentences of different
@@ -198,6 +201,7 @@ def test_beam_search_decodes_each_sentence_as_it_does_alone(tiny_config, name):
   np.testing.assert_allclose(scores[1], alone_scores[0], rtol=1e-5)
 
 
+@pytest.mark.slow  # Over ~7 s (or a second case of a fast one): -m slow runs it.
 def test_local_p_learns_its_position_through_the_gaussian(tiny_config):
   """W_p and v_p get gradients (only the Gaussian depends on p_t smoothly)."""
   config = rnn_config(tiny_config, attention="local_p", num_encoder_layers=1,

@@ -36,13 +36,37 @@ MODEL_CASES = (
 )
 
 
-@pytest.fixture(params=MODEL_CASES, ids=lambda case: "-".join(f"{k}={v}" for k, v in case.items()))
+# Core: what the default run steps. Every variant, each position scheme alone, multi-query
+# heads, entmax15 and the learned alpha; the other combinations run with -m slow, and only the
+# stepping test takes them (the padding and dropout tests take the variants).
+CORE = ([case for case in MODEL_CASES[:len(TRANSFORMER_VARIANTS) + 1]]
+        + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
+        + [{"num_heads": 4, "num_kv_heads": 1}, {"attention_normalizer": "entmax15"},
+           {"attention_normalizer": "entmax_learned"},
+           {"positions": "rope", "attention": "local_global"}])
+
+
+def _case_id(case):
+  return "-".join(f"{k}={v}" for k, v in case.items())
+
+
+@pytest.fixture(params=[case if case in CORE else pytest.param(case, marks=pytest.mark.slow)
+                        for case in MODEL_CASES], ids=_case_id)
+def any_model(request, tiny_config):
+  return _model(tiny_config, request.param)
+
+
+@pytest.fixture(params=MODEL_CASES[:len(TRANSFORMER_VARIANTS) + 1], ids=_case_id)
 def model(request, tiny_config):
+  return _model(tiny_config, request.param)
+
+
+def _model(tiny_config, case):
   tiny_config.model.attention_window = 2
   tiny_config.model.max_relative_distance = 3  # Shorter than the sentences: clipping acts.
   tiny_config.model.num_encoder_layers = 2
   tiny_config.model.num_decoder_layers = 2
-  tiny_config.model.update(request.param)
+  tiny_config.model.update(case)
   if tiny_config.model.num_heads == 4:
     tiny_config.model.emb_dim = 32  # Head size 8.
   check_config(tiny_config)
@@ -71,15 +95,15 @@ def test_causal_mask_blocks_future_positions():
   assert np.all(weights[1, 0, :, 3:] == 0.0)  # padded target keys
 
 
-def test_padding_does_not_change_encoder_outputs(model):
+def test_padding_does_not_change_encoder_outputs(any_model):
   """Appending PAD to a source leaves every real position's encoding unchanged."""
-  short = model.encode(SRC[:, :5]).encoded
-  long = model.encode(jnp.pad(SRC, ((0, 0), (0, 3)))).encoded
+  short = any_model.encode(SRC[:, :5]).encoded
+  long = any_model.encode(jnp.pad(SRC, ((0, 0), (0, 3)))).encoded
   np.testing.assert_allclose(short[0, :5], long[0, :5], atol=1e-5)
 
 
-def test_decode_step_reproduces_teacher_forced_decode(model):
-  cache = assert_stepping_matches_decode(model, SRC, TGT)
+def test_decode_step_reproduces_teacher_forced_decode(any_model):
+  cache = assert_stepping_matches_decode(any_model, SRC, TGT)
   assert int(cache.index) == TGT.shape[1]
 
 

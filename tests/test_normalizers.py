@@ -1,5 +1,7 @@
 """Softmax, sparsemax and entmax: known answers, the bisection definition, masks, gradients."""
 
+import csv
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,7 +202,8 @@ def test_masked_softmax_is_the_original_bit_for_bit():
     np.testing.assert_array_equal(masked_softmax(z16, mask), original_masked_softmax(z16, mask))
 
 
-@pytest.mark.parametrize("name", NORMALIZERS)
+@pytest.mark.parametrize("name", [n if n == "entmax15" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in NORMALIZERS])
 def test_jit_and_vmap(name):
   z = random_scores((3, 4, 6), seed=8)
   mask = some_masks(z.shape, seed=9)
@@ -233,29 +236,33 @@ class _Words:
     return [4 + int(word) for word in text.split()]
 
 
-@pytest.mark.parametrize("family", ["transformer", "rnn"])
-def test_zero_shares_count_exact_zeros_among_the_allowed_weights(tiny_config, family):
+# The Transformer's with -m slow (10 s): the RNN's checks the same code by default.
+@pytest.mark.parametrize("family", [pytest.param("transformer", marks=pytest.mark.slow), "rnn"])
+def test_zero_shares_count_exact_zeros_among_the_allowed_weights(tiny_config, family, tmp_path):
   """softmax gives no allowed weight exactly zero; sparsemax does, and its count is the one
   read off each sentence's own attention (padding, other sentences' length, never counted)."""
   from types import SimpleNamespace
 
   from flax import nnx
 
+  from seq2seq.compare import report
+  from seq2seq.config import copied
   from seq2seq.decoding import alignment
   from seq2seq.models import build_model
 
   sources, references = ["1 2 3 4 5 6 7", "8 9"], ["3 4 5", "6 7 8 9 10 11"]
   tiny_config.model.update(family=family, attention="general" if family == "rnn" else
                            "scaled_dot")
-  shares = {}
+  shares, translators = {}, {}
   for name in ("softmax", "sparsemax"):
     tiny_config.model.attention_normalizer = name
     model = build_model(tiny_config, 40)
     if family == "rnn":  # Its scores at initialization lie within 1 of each other: spread them.
       model.score_params.w[...] = 30 * model.score_params.w[...]
     graphdef, params = nnx.split(model, nnx.Param)
-    translator = SimpleNamespace(tokenizer=_Words(), params=params, graphdef=graphdef)
-    shares[name] = alignment.zero_shares(translator, sources, references, batch=4)
+    translators[name] = SimpleNamespace(tokenizer=_Words(), params=params, graphdef=graphdef,
+                                        config=copied(tiny_config))
+    shares[name] = alignment.zero_shares(translators[name], sources, references, batch=4)
   assert set(shares["softmax"]) == ({"cross"} if family == "rnn" else
                                     {"cross", "encoder", "decoder"})
   assert all(share == 0.0 for per_layer in shares["softmax"].values() for share in per_layer)
@@ -269,6 +276,11 @@ def test_zero_shares_count_exact_zeros_among_the_allowed_weights(tiny_config, fa
     allowed, zeros = allowed + w.size, zeros + int((w == 0).sum())
   assert shares["sparsemax"]["cross"][0] == pytest.approx(zeros / allowed)
   assert zeros > 0
+  # seq2seq-compare's zeros.csv: the sparse run's shares, and no row for softmax's (all 0).
+  report.write_zeros(tmp_path, translators, (sources, references))
+  rows = list(csv.DictReader(open(tmp_path / "zeros.csv", encoding="utf-8")))
+  assert [row["run"] for row in rows] == ["sparsemax"]
+  assert float(rows[0]["cross_1"]) == pytest.approx(zeros / allowed, abs=1e-4)
 
 
 def test_a_learned_alpha_per_head_starts_at_the_config_and_learns(tiny_config):

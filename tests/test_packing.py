@@ -90,10 +90,13 @@ def test_segment_masks_keep_sentences_apart():
 
 # Every attention that packs, every position scheme (positions restart at each packed
 # sentence), shared key/value heads and a sparse normalizer. Each: {config.model field: value}.
-PACKED_CASES = ([{"attention": "scaled_dot"}, {"attention": "local"}]
-                + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
-                + [{"positions": "rope", "attention": "local"}, {"num_kv_heads": 1},
-                   {"attention_normalizer": "entmax15"}])
+# The default run takes the first four; -m slow the rest.
+_PACKED = ([{"attention": "scaled_dot"}, {"attention": "local"}, {"positions": "relative"},
+            {"attention_normalizer": "entmax15"}]
+           + [{"positions": name} for name in POSITIONS if name not in ("sinusoidal", "relative")]
+           + [{"positions": "rope", "attention": "local"}, {"num_kv_heads": 1}])
+PACKED_CASES = [case if i < 4 else pytest.param(case, marks=pytest.mark.slow)
+                for i, case in enumerate(_PACKED)]
 
 
 @pytest.mark.parametrize("case", PACKED_CASES,

@@ -167,7 +167,9 @@ FUSED = [pytest.param(name, cell, feeding, layers, id=f"{cell}-{feeding}-{name}-
                       marks=() if (cell, feeding, name, layers) in (
                           ("lstm", True, "general", 2), ("gru", True, "concat", 2))
                       else pytest.mark.slow)
-         for cell, feeding in CELLS for name in RNN_VARIANTS for layers in (1, 2)]
+         for cell, feeding in CELLS for name in RNN_VARIANTS for layers in (1, 2)
+         # The local windows attend as `general` does, from the current state: one case each.
+         if name not in LOCAL or (cell, feeding, layers) == ("lstm", True, 1)]
 
 
 @pytest.mark.parametrize("name,cell,input_feeding,layers", FUSED)

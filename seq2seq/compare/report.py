@@ -4,7 +4,7 @@ comparison.csv and comparison.md hold one row per run (seeds.csv and a second Ma
 table, per variant across seeds, when some variant has several); length.csv and length.png
 the BLEU of each source-length bucket; bleu.png, curves.png and attention.png the runs'
 scores with their 95% intervals, their validation curves and their attention on one
-sentence; zeros.csv each run's share of exactly-zero attention weights per layer. The rows
+sentence; zeros.csv each sparse run's share of exactly-zero attention weights per layer. The rows
 come from `compare.compare_runs`; nothing here evaluates.
 `read_earlier` reads an earlier comparison's rows back, so that later runs join its table.
 """
@@ -20,6 +20,7 @@ from seq2seq.decoding.alignment import alignment, zero_shares
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import plots
+from seq2seq.models.normalizers import NORMALIZERS
 
 
 def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: list[dict],
@@ -80,10 +81,15 @@ def write_attention(out_dir: Path, translators: dict[str, Translator], text: str
 
 
 def write_zeros(out_dir: Path, translators: dict[str, Translator], texts: tuple) -> None:
-  """zeros.csv: each run's share of exactly-zero attention weights per layer and kind, on
-  `texts` (sources, references) teacher-forced (`alignment.zero_shares`)."""
+  """zeros.csv, when a run's normalizer can give exact zeros (`Normalizer.sparse`): each such
+  run's share of exactly-zero attention weights per layer and kind, on `texts` (sources,
+  references) teacher-forced (`alignment.zero_shares`). Softmax gives none by construction."""
+  sparse = {name: t for name, t in translators.items()
+            if NORMALIZERS[t.config.model.attention_normalizer].sparse}
+  if not sparse:
+    return
   rows = []
-  for name, translator in translators.items():
+  for name, translator in sparse.items():
     shares = zero_shares(translator, *texts)
     rows.append({"run": name, **{f"{kind}_{layer + 1}": round(share, 4)
                                  for kind, per_layer in shares.items()
