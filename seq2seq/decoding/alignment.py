@@ -51,6 +51,16 @@ def alignment(translator: Translator, text: str):
           translator.tokenizer.pieces(out))
 
 
+def _stacked(pairs: list[tuple[np.ndarray, np.ndarray]], rows: int,
+             lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+  """`pairs` of (source, teacher-forced target) ids as two PAD-padded `[rows, length]` arrays,
+  the rows after the pairs' all PAD."""
+  src, tgt_in = (np.full((rows, length), PAD_ID, np.int32) for length in lengths)
+  for row, (s, t) in enumerate(pairs):
+    src[row, :len(s)], tgt_in[row, :len(t)] = s, t
+  return src, tgt_in
+
+
 def _allowed(src: jnp.ndarray, tgt_in: jnp.ndarray) -> dict[str, jnp.ndarray]:
   """Which weights each kind of attention may give (`[batch, queries, keys]`): a real query's
   on real keys, and the decoder's on keys not after it."""
@@ -85,11 +95,8 @@ def zero_shares(translator: Translator, sources: list[str], references: list[str
   lengths = [max(len(p[i]) for p in pairs) for i in (0, 1)]
   totals = {}
   for start in range(0, len(pairs), batch):
-    chunk = pairs[start:start + batch] + [pairs[0]] * (batch - len(pairs[start:start + batch]))
-    real = min(batch, len(pairs) - start)
-    src, tgt_in = (np.stack([np.pad(p[i], (0, lengths[i] - len(p[i]))) for p in chunk])
-                   for i in (0, 1))
-    src[real:], tgt_in[real:] = PAD_ID, PAD_ID  # Filler rows: nothing counted.
+    # Filler rows are all PAD: nothing of them is counted.
+    src, tgt_in = _stacked(pairs[start:start + batch], batch, lengths)
     counts = _zero_counts(translator.params, jnp.asarray(src), jnp.asarray(tgt_in),
                           graphdef=translator.graphdef)
     for kind, (allowed, zeros) in counts.items():
@@ -256,9 +263,7 @@ def word_alignments(translator: Translator, sources: list[np.ndarray], outputs: 
     chunk = order[start:start + batch]
     lengths = [batching.grid_length(max(len(pairs[i][k]) for i in chunk), c.max_len)
                for k in (0, 1)]
-    src, tgt_in = np.zeros((batch, lengths[0]), np.int32), np.zeros((batch, lengths[1]), np.int32)
-    for row, i in enumerate(chunk):
-      src[row, :len(pairs[i][0])], tgt_in[row, :len(pairs[i][1])] = pairs[i]
+    src, tgt_in = _stacked([pairs[i] for i in chunk], batch, lengths)
     src[len(chunk):, 0] = EOS_ID  # Filler rows: a source of EOS alone, never read.
     weights = np.asarray(_layer_attention(translator.params, jnp.asarray(src),
                                           jnp.asarray(tgt_in), graphdef=translator.graphdef,
