@@ -781,8 +781,8 @@ COMMANDS = [
      "--workdir lists one run twice ({run} and {run}); list each run once (--checkpoint picks"
      " the same checkpoint of every run)."),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
-     "flag --mode=['nope']: --mode takes some of train, decode, padding, compile, calls, seeds,"
-     " saves, recurrence, serve (comma-separated)"),
+     "flag --mode=['nope']: --mode takes some of train, decode, kv_heads, padding, compile, calls,"
+     " seeds, saves, recurrence, serve (comma-separated)"),
     ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
      "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],
