@@ -172,6 +172,17 @@ FUSED = [pytest.param(name, cell, feeding, layers, id=f"{cell}-{feeding}-{name}-
          if name not in LOCAL or (cell, feeding, layers) == ("lstm", True, 1)]
 
 
+@pytest.fixture
+def _release_programs():
+  """Drops the test's programs when it ends. The slow grid's ~60 cases, run op by op, each
+  compile hundreds of small programs; held together in one process, XLA:CPU (jaxlib 0.10.2,
+  FAST_COMPILE's flags) crashed with SIGSEGV compiling the 45th case's greedy search, in CI's
+  slow run and here, as conftest's module-wide release once did for ~40 cases."""
+  yield
+  jax.clear_caches()
+
+
+@pytest.mark.usefixtures("_release_programs")
 @pytest.mark.parametrize("name,cell,input_feeding,layers", FUSED)
 def test_fused_recurrence_matches_the_cells_as_written(tiny_config, name, cell, input_feeding,
                                                        layers):
