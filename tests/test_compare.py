@@ -2,9 +2,11 @@
 evaluations that are never stale, and run names. (Its refusals are in tests/test_errors.py.)"""
 
 import csv
+import errno
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import statistics
@@ -15,11 +17,11 @@ import scipy.stats
 from sacrebleu.metrics import BLEU
 
 from seq2seq import config as config_lib
-from seq2seq.compare import comparison, report, stats, sweep
+from seq2seq.compare import comparison, output, records, report, stats, sweep
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, scores
-from tests.helpers import PNG, VAL, fast_tiny_config, metrics_copy, small_run
+from tests.helpers import PNG, VAL, fast_tiny_config, metrics_copy, small_run, snapshot
 
 
 def test_the_columns_are_the_fields_that_differ():
@@ -75,10 +77,10 @@ def test_length_buckets_score_each_bucket_alone():
 def test_training_minutes_add_up_every_resumed_segment():
   """train_minutes sums each train record's interval (its tokens over its throughput), so a
   run resumed twice counts all three segments, not the last one's clock."""
-  records = [{"step": 50, "tokens_per_step": 1000.0, "tokens_per_sec": 500.0},  # 100 s
-             {"step": 100, "tokens_per_step": 2000.0, "tokens_per_sec": 1000.0},  # 100 s
-             {"step": 150, "tokens_per_step": 1000.0, "tokens_per_sec": 250.0}]  # 200 s
-  assert comparison._train_seconds(records) == pytest.approx(400.0)
+  train = [{"step": 50, "tokens_per_step": 1000.0, "tokens_per_sec": 500.0},  # 100 s
+           {"step": 100, "tokens_per_step": 2000.0, "tokens_per_sec": 1000.0},  # 100 s
+           {"step": 150, "tokens_per_step": 1000.0, "tokens_per_sec": 250.0}]  # 200 s
+  assert records.train_seconds(train) == pytest.approx(400.0)
 
 
 @pytest.mark.slow  # A minute: trains a sweep of four runs and compares it twice.
@@ -260,13 +262,100 @@ def test_run_names_are_paths_below_the_common_parent(tmp_path):
 
 
 def test_a_cut_off_last_metrics_line_is_skipped_with_one_warning(run, tmp_path, caplog):
-  whole = comparison._training_record(run)
+  whole = records.training_record(run)
   workdir = metrics_copy(run, tmp_path, '{"step": 5, "split": "train", "loss": 3.')
   with caplog.at_level("WARNING", logger="seq2seq"):
-    assert comparison._training_record(workdir) == whole
+    assert records.training_record(workdir) == whole
   assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
       (logging.WARNING, f"{workdir}/metrics.jsonl: its last line was cut off (the run was stopped"
        " while writing it?) and is skipped.")]
+
+
+def earlier_files(directory: Path, names=("comparison.csv", "curves.png", "seeds.csv")) -> Path:
+  """A folder holding an earlier comparison's `names` (their bytes: `old <name>`)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  for name in names:
+    (directory / name).write_bytes(f"old {name}".encode())
+  return directory
+
+
+def full_disk_halfway(folder: Path) -> None:
+  """A comparison's writing that fills the disk halfway through curves.png."""
+  (folder / "comparison.csv").write_text("new", encoding="utf-8")
+  (folder / "curves.png").write_bytes(PNG[:4])
+  raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # As a write() names no file.
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_comparison_that_fails_to_write_leaves_the_earlier_one_as_it_was(tmp_path, shared):
+  """Over an earlier comparison on a full disk, --out held new files, old ones and a cut
+  curves.png, and the error named no file. (`shared`: --out also holds a run, as the runs'
+  parent does by default.)"""
+  out = earlier_files(tmp_path / "out")
+  if shared:
+    (out / "s0").mkdir()
+    (out / "s0" / "config.json").write_text("{}", encoding="utf-8")
+  before = snapshot(out)
+  with pytest.raises(UserError) as raised:
+    output.write_whole(out, full_disk_halfway, report.FILES)
+  assert str(raised.value) == (f"No space left on device while writing the comparison to {out};"
+                               " the earlier comparison there is kept: free some space and run"
+                               " the command again.")
+  assert snapshot(out) == before
+  assert [p.name for p in tmp_path.iterdir()] == ["out"]  # No partial folder beside it.
+
+
+def test_a_file_that_fails_to_write_is_named_where_it_belongs(tmp_path):
+  def denied(folder):
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder / "bleu.png"))
+
+  with pytest.raises(UserError) as raised:
+    output.write_whole(tmp_path / "new", denied, report.FILES)
+  assert str(raised.value) == (f"Permission denied ({tmp_path}/new/bleu.png) while writing the"
+                               f" comparison to {tmp_path}/new; nothing was written: pass another"
+                               " --out, or fix the cause and run the command again.")
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_written_comparison_replaces_the_earlier_one_whole(tmp_path, shared):
+  out = earlier_files(tmp_path / "out")
+  if shared:  # The run and the user's notes stay; the earlier comparison's files go.
+    (out / "s0").mkdir()
+    (out / "notes.md").write_text("mine", encoding="utf-8")
+
+  def write(folder):
+    for name in ("comparison.csv", "curves.png"):
+      (folder / name).write_text(f"new {name}", encoding="utf-8")
+
+  output.write_whole(out, write, report.FILES)
+  assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == {
+      "comparison.csv": "new comparison.csv", "curves.png": "new curves.png",
+      **({"notes.md": "mine"} if shared else {})}  # No seeds.csv of the earlier comparison.
+  assert (out / "s0").is_dir() == shared
+  assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.slow  # Decodes and bootstraps a run: about 8 s.
+def test_compare_on_a_full_disk_keeps_the_earlier_comparison(run, tmp_path, monkeypatch):
+  """The whole command: the disk fills while curves.png is drawn."""
+  from seq2seq.evaluation import plots
+
+  workdir = small_run(run, tmp_path / "runs" / "a")
+  out = earlier_files(tmp_path / "out", ("comparison.csv", "comparison.md", "attention.png",
+                                         "curves.png"))
+  before = snapshot(out)
+
+  def curves(_, path):
+    Path(path).write_bytes(PNG[:4])  # Cut short.
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(plots, "training_curves", curves)
+  with pytest.raises(UserError, match=f"^No space left on device while writing the comparison"
+                     f" to {re.escape(str(out))}; the earlier comparison there is kept"):
+    comparison.compare_runs([workdir], out, split="val", beam_size=2, n_samples=20)
+  assert snapshot(out) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "runs"]
 
 
 def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):

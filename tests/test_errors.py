@@ -153,6 +153,21 @@ def edited_config(run, tmp, **model):
   return copy_run(run, tmp, edit)
 
 
+def edited_field(run, tmp, section, key, value):
+  """A copy of the run whose config.json holds `value` for `section.key`, as edited by hand."""
+  def edit(copy):
+    saved = json.loads((copy / "config.json").read_text())
+    saved[section][key] = value
+    (copy / "config.json").write_text(json.dumps(saved))
+  return copy_run(run, tmp, edit)
+
+
+def linked(run, tmp):
+  """A symbolic link to the run: the same run by another name."""
+  (tmp / "link").symlink_to(run)
+  return tmp / "link"
+
+
 def drop_field(section, key, copy):
   """Removes `section.key` from a copied run's config.json, as a run saved before it had."""
   saved = json.loads((copy / "config.json").read_text())
@@ -524,6 +539,26 @@ CASES = [
         r, split="val", ensemble=[str(reversed_run(r, t))]),
      "--ensemble: {tmp}/copy translates de->en but {run} translates en->de; ensemble runs of one"
      " direction."),
+    # A config.json edited by hand: refused where a run is read, as a training's start would.
+    ("evaluate with a config.json edited to a negative value",
+     lambda r, t, v: evaluate.run_evaluation(edited_field(r, t, "compile", "threads", -1)),
+     "{tmp}/copy/config.json: config.compile.threads=-1 must not be negative; was it edited? Put"
+     " back the run's value, or the file from a copy of the run."),
+    ("translate with a config.json edited to a word for a number",
+     lambda r, t, v: Translator(edited_field(r, t, "compile", "threads", "four")),
+     "{tmp}/copy/config.json: config.compile.threads='four' is a str; it takes a whole number"
+     " (default 0); was it edited? Put back the run's value, or the file from a copy of the"
+     " run."),
+    ("translate with a config.json edited to a negative decoding length",
+     lambda r, t, v: Translator(edited_field(r, t, "eval", "max_decode_len_b", -50)),
+     "{tmp}/copy/config.json: config.eval.max_decode_len_b=-50 must not be negative; was it"
+     " edited? Put back the run's value, or the file from a copy of the run."),
+    ("compare a run whose config.json names an attention its family lacks",
+     lambda r, t, v: comparison.compare_runs(
+         [edited_field(r, t, "model", "attention", "location")], t / "new"),
+     "{tmp}/copy/config.json: config.model.attention='location' is not available for the"
+     " transformer; use one of: scaled_dot, dot, general, concat, linear, local, local_global;"
+     " was it edited? Put back the run's value, or the file from a copy of the run."),
     # Checkpoints.
     ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
      "{tmp} is not a training run (no config.json); pass the --workdir that seq2seq-train"
@@ -612,6 +647,25 @@ CASES = [
         runs_of_two_corpora(r, t), t / "new", split="val"),
      "{tmp}/b has other val sentences than the baseline {tmp}/a (their config.data differs);"
      " compare runs of one corpus."),
+    ("compare runs of two directions", lambda r, t, v: comparison.compare_runs(
+        [r, reversed_run(r, t)], t / "new"),
+     "{tmp}/copy translates de->en but the baseline {run} translates en->de; compare runs of one"
+     " direction."),
+    ("compare a trained run whose metrics.jsonl is gone", lambda r, t, v: comparison.compare_runs(
+        [copy_run(r, t, lambda copy: (copy / "metrics.jsonl").unlink())], t / "new"),
+     "{tmp}/copy/metrics.jsonl is missing, though {tmp}/copy holds checkpoints (the run"
+     " trained); put metrics.jsonl back from a copy of the run: the comparison reads its steps,"
+     " training time and validation curve from it."),
+    ("compare one run named twice", lambda r, t, v: comparison.compare_runs([r, r], t / "new"),
+     "The runs to compare list one run twice ({run} and {run}); name each run once: the table"
+     " and its tests count each run once."),
+    ("compare one run and a link to it", lambda r, t, v: comparison.compare_runs(
+        [r, linked(r, t)], t / "new"),
+     "The runs to compare list one run twice ({run} and {tmp}/link); name each run once: the"
+     " table and its tests count each run once."),
+    ("compare into a file", lambda r, t, v: comparison.compare_runs(
+        [r], text_file(t, "notes.md", b"mine")),
+     "--out={tmp}/notes.md is a file, not a directory; pass a directory for the comparison."),
     ("compare a run with a broken metrics line", lambda r, t, v: comparison.compare_runs(
         [with_broken_metrics_line(r, t)], t / "new"),
      "{tmp}/copy/metrics.jsonl line 2 is not a JSON record (Unterminated string starting at);"
@@ -663,6 +717,14 @@ CASES = [
         fast_tiny_config(), ["data.pack=yes,no"], t / "new"),
      "--sweep=data.pack=yes,no: 'yes' is not true or false; give values of config.data.pack's"
      " type, e.g. --sweep=data.pack=true,false."),
+    ("sweep of a field named twice", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["train.seed=0,1", "train.seed=2"], t / "new"),
+     "--sweep=train.seed=0,1 and --sweep=train.seed=2 both sweep train.seed; give its values in"
+     " one --sweep, e.g. --sweep=train.seed=0,1,2."),
+    ("sweep of a value listed twice", lambda r, t, v: sweep.run_sweep(
+        fast_tiny_config(), ["train.seed=0,0"], t / "new"),
+     "--sweep=train.seed=0,0 lists 0 twice (as a value of config.train.seed); list each value"
+     " once: each is a run of its own."),
     ("a picture format matplotlib cannot write",
      lambda r, t, v: plots.image_path(t / "att.txt", "--out"),
      "--out={tmp}/att.txt: matplotlib cannot write .txt files; use one of " + IMAGE_FORMATS
@@ -770,6 +832,18 @@ COMMANDS = [
     ("benchmark.py, a width the heads cannot split", ["benchmark.py", "--dim=30", "--heads=4"],
      "flags dim=30, heads=4: --dim must be divisible by --heads (each head gets dim / heads);"
      " choose sizes where it is"),
+    ("evaluate.py, a config.json edited by hand", ["evaluate.py", "--workdir={tmp}"],
+     "{tmp}/config.json: config.compile.threads='four' is a str; it takes a whole number"
+     " (default 0); was it edited? Put back the run's value, or the file from a copy of the"
+     " run."),
+    ("compare.py, one run twice", ["compare.py", "{run}", "{run}", "--out={tmp}/new"],
+     "The runs to compare list one run twice ({run} and {run}); name each run once: the table"
+     " and its tests count each run once."),
+    ("sweep.py, one field twice",
+     ["sweep.py", "--config={tiny}", "--sweep=train.seed=0,1", "--sweep=train.seed=2",
+      "--root={tmp}/new"],
+     "--sweep=train.seed=0,1 and --sweep=train.seed=2 both sweep train.seed; give its values in"
+     " one --sweep, e.g. --sweep=train.seed=0,1,2."),
     ("serve.py, not a run", ["serve.py", "--workdir={tmp}/nope"],
      "{tmp}/nope is not a training run (no config.json); pass the --workdir that seq2seq-train"
      " wrote."),
@@ -827,6 +901,8 @@ COMMANDS = [
 MISSING = {"serve.py, without the [serve] extra": "fastapi",
            "benchmark.py --mode=serve, without the [serve] extra": "httpx"}
 FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"},
+         "evaluate.py, a config.json edited by hand": {
+             "config.json": b'{"compile": {"threads": "four"}}'},
          "translate.py, --top_k without --sample": {"in.en": b"A dog.\n"},
          "translate.py, the output is the input": {"in.en": b"A dog.\n"},
          **{name: {"in.en": b"A dog.\n"} for name in (

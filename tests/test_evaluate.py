@@ -1,5 +1,6 @@
 """Evaluating and translating with a trained run's checkpoints."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -103,6 +104,40 @@ def test_evaluate_bleu_equals_the_sacrebleu_command(run, tmp_path):
                        capture_output=True, text=True, check=True)
   bleu, chrf = json.loads(cli.stdout)  # with two metrics, -b prints a JSON list
   assert bleu == round(scores["bleu"], 4) and chrf == round(scores["chrf"], 4)
+
+
+def test_a_second_reference_of_one_source_keeps_the_first_ones_scores(run, tmp_path, caplog):
+  """Scores of one --src_file against another --ref_file went to the same file name, over the
+  first reference's, and the JSON did not say which reference it was scored against."""
+  src = tmp_path / "two_refs.en"
+  src.write_text("A man rides a bike.\nTwo dogs play.\n", encoding="utf-8")
+  refs = {}
+  for name, text in (("a.de", "Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\n"),
+                     ("b.de", "Ein Mann radelt.\nZwei Hunde toben.\n")):
+    refs[name] = tmp_path / name
+    refs[name].write_text(text, encoding="utf-8")
+  shutil.copy(refs["a.de"], tmp_path / "a_again.de")  # The same reference, elsewhere.
+  sha = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in refs.items()}
+
+  def scored(ref):
+    _, prefix = evaluate.run_evaluation(run, src_file=str(src), ref_file=str(ref),
+                                        checkpoint="latest", beam_size=1)
+    return prefix, json.loads(prefix.with_name(prefix.name + ".json").read_text())
+
+  first, a = scored(refs["a.de"])
+  assert first == run / "eval" / "two_refs.en.latest.beam1"  # The documented name.
+  assert (a["ref_file"], a["ref_sha256"]) == (str(refs["a.de"]), sha["a.de"])
+  kept = (run / "eval" / "two_refs.en.latest.beam1.json").read_bytes()
+  with caplog.at_level("WARNING", logger="seq2seq"):
+    second, b = scored(refs["b.de"])
+  assert second == run / "eval" / f"two_refs.en.latest.beam1.ref-{sha['b.de'][:8]}"
+  assert (b["ref_file"], b["ref_sha256"]) == (str(refs["b.de"]), sha["b.de"])
+  assert (run / "eval" / "two_refs.en.latest.beam1.json").read_bytes() == kept
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{first}.json holds scores against another reference ({refs['a.de']}); they are kept, and"
+      f" these, against --ref_file={refs['b.de']}, go to {second}.json."]
+  again, a_again = scored(tmp_path / "a_again.de")  # The same content: scored again, replaced.
+  assert again == first and a_again["ref_sha256"] == sha["a.de"]
 
 
 def test_checkpoint_average_is_the_mean(run):

@@ -75,6 +75,23 @@ def test_sweep_values_take_the_field_type():
   assert sweep.parse_sweep("model.pre_ln=true,false", c) == ("model.pre_ln", [True, False])
 
 
+@pytest.mark.parametrize("specs,message", [
+    (["train.seed=0,1", "train.seed=2"], "--sweep=train.seed=0,1 and --sweep=train.seed=2 both"
+     " sweep train.seed; give its values in one --sweep, e.g. --sweep=train.seed=0,1,2."),
+    (["train.seed=0,0"], "--sweep=train.seed=0,0 lists 0 twice (as a value of"
+     " config.train.seed); list each value once: each is a run of its own."),
+    (["model.pre_ln=true,1"], "--sweep=model.pre_ln=true,1 lists True twice (as a value of"
+     " config.model.pre_ln); list each value once: each is a run of its own."),
+])
+def test_a_grid_of_one_field_twice_or_one_value_twice_is_refused(tmp_path, specs, message):
+  """Such a grid named two runs alike: one trained, with the last value, and the other was
+  listed as not started (or counted, and trained once)."""
+  with pytest.raises(sweep.UserError) as raised:
+    sweep.run_sweep(load_config("tiny"), specs, tmp_path / "root")
+  assert str(raised.value) == message
+  assert not (tmp_path / "root").exists()
+
+
 @pytest.mark.slow  # Decodes, bootstraps and draws both runs: about 15 s.
 def test_compare_writes_table_and_pictures(swept):
   _, root, _ = swept

@@ -11,7 +11,9 @@ lowercase BLEU, chrF, a 95% interval and the paired bootstrap p-value), seeds.cs
 differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
 length.png, bleu.png, curves.png, attention.png and runs.json (each row's config) to
 --out (default: the first run's parent directory). Runs are named by their path
-below the runs' common parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0).
+below the runs' common parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0), each once.
+The comparison is written beside --out and swapped in once complete: a failure (a full
+disk) leaves an earlier comparison there as it was.
 
 --earlier=DIR adds the runs of an earlier comparison (its --out) as it scored them, named
 <DIR's name>:<run>: to both tables, to Welch's test across seeds and to bleu.png, but not

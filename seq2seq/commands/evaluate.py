@@ -11,6 +11,9 @@ r"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
 with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
+With --src_file, <split> is its file name, and the .json records --ref_file (its path and
+sha256); scores of that source against another reference go to
+<...>.beam<k>.ref-<8 hex of its sha256>.*, beside the first reference's, not over them.
 With --gold_alignment=FILE (one line per sentence: `i-j` sure and `i?j` or `ipj`
 possible links, 0-based source word i and target word j; --gold_one_based for
 files counting from 1), also the alignment error rate (AER) of the attention of

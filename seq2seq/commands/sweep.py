@@ -7,7 +7,8 @@ r"""Trains the cross product of config values, one workdir per combination.
 Finished runs are skipped, unfinished ones resume, and failures are listed at
 the end without stopping the others (exit status 1 if any failed). The seeds of
 each point train as one program (--one_by_one: each alone); every run has its
-own workdir either way.
+own workdir either way. Each field is swept by one --sweep, each value listed once (two
+would name one workdir); a grid that repeats either is refused before anything trains.
 """
 
 import sys

@@ -14,7 +14,6 @@ anything is evaluated or written: a mistake costs no decoding and leaves no file
 import json
 import logging
 import os
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from seq2seq import config as config_lib
-from seq2seq.compare import report
+from seq2seq.compare import output, records, report
 from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
 from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
 from seq2seq.data.textio import read_lines
@@ -101,7 +100,7 @@ class _Run(NamedTuple):
   workdir: Path
   name: str
   config: ml_collections.ConfigDict
-  record: dict  # `_training_record`
+  record: dict  # `records.training_record`
 
 
 def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
@@ -117,6 +116,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   below the runs' common parent (`run_names`). The runs of each `earlier` comparison (an
   earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
   """
+  output.check_out(Path(out_dir))
   runs = _runs(run_dirs, baseline, beam_size, alpha)
   parents = _parents(runs)
   sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
@@ -144,16 +144,18 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")]
   seeds = seed_aggregate(joined, fields, named, runs[0].name)
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  report.write_tables(out_dir, joined, columns, seeds, runs[0].name, n_samples,
-                      (beam_size, alpha), configs, [e.name for e in before])
-  report.write_lengths(out_dir, rows, texts[split], hyps[split],
-                               ylabel=f"{split} BLEU (beam {beam_size})")
-  report.write_charts(out_dir, joined, split, beam_size,
-                              {run.name: run.record["curve"] for run in runs})
-  report.write_attention(out_dir, translators, attention_text)
-  report.write_zeros(out_dir, translators, texts["val"])
+
+  def write(folder: Path) -> None:
+    report.write_tables(folder, joined, columns, seeds, runs[0].name, n_samples,
+                        (beam_size, alpha), configs, [e.name for e in before])
+    report.write_lengths(folder, rows, texts[split], hyps[split],
+                         ylabel=f"{split} BLEU (beam {beam_size})")
+    report.write_charts(folder, joined, split, beam_size,
+                        {run.name: run.record["curve"] for run in runs})
+    report.write_attention(folder, translators, attention_text)
+    report.write_zeros(folder, translators, texts["val"])
+
+  output.write_whole(Path(out_dir), write, report.FILES)  # Whole, or the earlier one kept.
   return joined
 
 
@@ -169,10 +171,17 @@ def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
   baseline = Path(baseline) if baseline else run_dirs[0]
   run_dirs = [baseline] + [w for w in run_dirs if w.resolve() != baseline.resolve()]
   names = run_names(run_dirs)
-  configs = [workdirs.read_run_config(w)
-             for w in run_dirs]
-  records = [_training_record(w) for w in run_dirs]
-  return [_Run(*run) for run in zip(run_dirs, names, configs, records, strict=True)]
+  configs = [workdirs.read_run_config(w) for w in run_dirs]
+  for w, config in zip(run_dirs[1:], configs[1:], strict=True):
+    if _direction(config) != _direction(configs[0]):  # Else "other sentences", of one corpus.
+      raise UserError(f"{w} translates {_direction(config)} but the baseline {run_dirs[0]}"
+                      f" translates {_direction(configs[0])}; compare runs of one direction.")
+  trained = [records.training_record(w) for w in run_dirs]
+  return [_Run(*run) for run in zip(run_dirs, names, configs, trained, strict=True)]
+
+
+def _direction(config: ml_collections.ConfigDict) -> str:
+  return f"{config.data.src_lang}->{config.data.tgt_lang}"
 
 
 def _parents(runs: list[_Run]) -> dict[str, str]:
@@ -272,50 +281,19 @@ def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
     what = "Not a training run" if len(bad) == 1 else "Not training runs"
     raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that seq2seq-train"
                     " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
-  unique = {}
-  for w in run_dirs:
-    unique.setdefault(Path(w).resolve(), Path(w))
-  return list(unique.values())
+  seen = {}
+  for w in map(Path, run_dirs):
+    first = seen.setdefault(w.resolve(), w)
+    if first is not w:  # By another path or a link: one row, silently, of two named.
+      raise UserError(f"The runs to compare list one run twice ({first} and {w}); name each run"
+                      " once: the table and its tests count each run once.")
+  return list(seen.values())
 
 
 def _not_a_run(path: Path) -> str:
   if not path.exists():
     return "does not exist"
   return "no config.json" if path.is_dir() else "not a directory"
-
-
-def _training_record(workdir: Path) -> dict:
-  path = workdir / workdirs.METRICS
-  if not path.is_file():
-    raise UserError(f"{workdir} has no validation result yet ({path} does not exist); train it"
-                    " first.")
-  lines = path.read_text(encoding="utf-8").splitlines()
-  records = []
-  for number, line in enumerate(lines, start=1):
-    try:
-      records.append(json.loads(line))
-    except ValueError as e:
-      if number < len(lines):
-        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}); repair or delete"
-                        " that line.") from None
-      log.warning("%s: its last line was cut off (the run was stopped while writing it?) and is"
-                  " skipped.", path)
-  train = [r for r in records if r["split"] == "train"]
-  val = [r for r in records if r["split"] != "train" and "bleu" in r]
-  if not val:
-    raise UserError(f"{workdir} has no validation result yet; train it first.")
-  return {"steps": val[-1]["step"], "train_minutes": _train_seconds(train) / 60,
-          "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in train),
-          "curve": [(r["step"], r["bleu"], r["loss"]) for r in val]}
-
-
-def _train_seconds(train: list[dict]) -> float:
-  """The seconds the train steps took, summed over the run's train records (each interval's
-  tokens over its throughput, validation left out): across every resume, where the
-  validation records' `train_wall_seconds` count from the last one."""
-  before = [0] + [r["step"] for r in train[:-1]]
-  return sum(r["tokens_per_step"] * (r["step"] - last) / r["tokens_per_sec"]
-             for r, last in zip(train, before, strict=True) if r["tokens_per_sec"])
 
 
 def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:

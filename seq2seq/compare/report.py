@@ -102,6 +102,10 @@ def write_zeros(out_dir: Path, translators: dict[str, Translator], texts: tuple)
 
 
 RUNS = "runs.json"
+# Every file a comparison writes (`write_tables`, `write_lengths`, `write_charts`,
+# `write_attention`, `write_zeros`): a folder holding these alone is a comparison's own.
+FILES = ("comparison.csv", "comparison.md", RUNS, "seeds.csv", "length.csv", "length.png",
+         "bleu.png", "curves.png", "attention.png", "zeros.csv")
 
 
 class Earlier(NamedTuple):

@@ -40,19 +40,32 @@ def parse_sweep(spec: str, config: ml_collections.ConfigDict) -> tuple[str, list
     raise UserError(f"--sweep={spec}: config has no field {key}; see seq2seq/config.py.")
   default = config[section][field]
   try:
-    return key, [config_lib.parse_as(default, v.strip()) for v in values.split(",")]
+    parsed = [config_lib.parse_as(default, v.strip()) for v in values.split(",")]
   except ValueError as e:
     example = ("true,false" if isinstance(default, bool) else f"{default},{default + 1}"
                if isinstance(default, int) else f"{default},{default * 2}"
                if isinstance(default, float) else default)
     raise UserError(f"--sweep={spec}: {e}; give values of config.{key}'s type, e.g."
                     f" --sweep={key}={example}.") from None
+  twice = next((v for i, v in enumerate(parsed) if v in parsed[:i]), None)
+  if twice is not None:  # Both runs would be one workdir: it trains once, with one value.
+    raise UserError(f"--sweep={spec} lists {twice} twice (as a value of config.{key}); list each"
+                    " value once: each is a run of its own.")
+  return key, parsed
 
 
 def expand(config: ml_collections.ConfigDict,
            specs: list[str]) -> list[tuple[str, ml_collections.ConfigDict]]:
   """Every combination of the swept values: (readable name, its config)."""
   sweeps = [parse_sweep(spec, config) for spec in specs]
+  for i, (key, values) in enumerate(sweeps):
+    # The product would set the field twice in every run: the last value wins, and the runs
+    # that differ only in the first share one name (one trains, the rest never start).
+    first = next((j for j in range(i) if sweeps[j][0] == key), None)
+    if first is not None:
+      merged = ",".join(str(v) for v in dict.fromkeys(sweeps[first][1] + values))
+      raise UserError(f"--sweep={specs[first]} and --sweep={specs[i]} both sweep {key}; give its"
+                      f" values in one --sweep, e.g. --sweep={key}={merged}.")
   runs = []
   for values in itertools.product(*(vals for _, vals in sweeps)):
     run = config_lib.copied(config)

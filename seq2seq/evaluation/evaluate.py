@@ -2,6 +2,7 @@
 among its checkpoints on validation data (`select_checkpoint`)."""
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from seq2seq.data.textio import read_lines
 from seq2seq.decoding.translator import Translator, check_candidates
 from seq2seq.errors import UserError
 from seq2seq.evaluation.alignment_error import alignment_scores
-from seq2seq.evaluation.scores import evaluate_split
+from seq2seq.evaluation.scores import evaluate_split, output_files
 from seq2seq.runs import workdirs
 from seq2seq.runs.selection import record_selection
 
@@ -60,6 +61,28 @@ def _members_id(ensemble: Sequence[str]) -> str:
   return hashlib.sha256(members.encode()).hexdigest()[:8]
 
 
+def _apart(prefix: Path, reference: dict) -> Path:
+  """Where the scores of a --src_file against `reference` (its --ref_file and sha256) go:
+  `prefix`, unless its .json holds scores against another reference (or names none, as
+  older ones did); then `<prefix>.ref-<8 hex of its sha256>`, so that scoring one source
+  against a second reference keeps the first one's scores."""
+  _, json_path = output_files(prefix)
+  if not json_path.is_file():
+    return prefix
+  try:
+    earlier = json.loads(json_path.read_text(encoding="utf-8"))
+  except ValueError:
+    earlier = {}
+  earlier = earlier if isinstance(earlier, dict) else {}
+  if earlier.get("ref_sha256") == reference["ref_sha256"]:
+    return prefix  # The same reference (wherever it lies now): scored again, replaced.
+  apart = prefix.with_name(f"{prefix.name}.ref-{reference['ref_sha256'][:8]}")
+  log.warning("%s holds scores against another reference (%s); they are kept, and these, against"
+              " --ref_file=%s, go to %s.json.", json_path,
+              earlier.get("ref_file", "one it does not record"), reference["ref_file"], apart)
+  return apart
+
+
 def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str = "best",
                    beam_size: int = 4, alpha: float = 0.6, batch_size: int | None = None,
                    src_file: str = "", ref_file: str = "",
@@ -75,6 +98,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   With `plot_attention` K > 0, also draws the attention of the first K non-empty
   source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
   With `ensemble`, those runs decode with `workdir`'s as one model (`Translator`).
+  With `src_file`, the scores record `ref_file` (`ref_file`, `ref_sha256`), and scores of the
+  same source against another reference are written apart (`_apart`), not over these.
 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
@@ -98,18 +123,24 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
                       f" has {len(references)}; pass a reference line for every source line.")
   translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
                           batch_size=batch_size, ensemble=ensemble)
+  reference = {}
   if src_file:
     name = Path(src_file).name
+    reference = {"ref_file": str(Path(ref_file).resolve()),
+                 "ref_sha256": hashlib.sha256(Path(ref_file).read_bytes()).hexdigest()}
   else:
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
                                        if ensemble else "")
   prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
+  if reference:
+    prefix = _apart(prefix, reference)
   aer = (alignment_scores(translator, sources, references, gold_alignment,
                           layer=alignment_layer, one_based=gold_one_based)
          if gold_alignment else None)  # Before decoding: a wrong gold file fails at once.
-  result = evaluate_split(translator, sources, references, prefix, checkpoint, aer)
+  result = evaluate_split(translator, sources, references, prefix, checkpoint,
+                          {**(aer or {}), **reference})
   drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
   if drawn:
     from seq2seq.evaluation.plots import plot_alignment  # matplotlib only where pictures are drawn.

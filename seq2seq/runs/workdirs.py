@@ -210,10 +210,43 @@ def read_json(path: Path, fix: str) -> dict:
 
 
 def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
-  """A run's saved config (`<workdir>/config.json`, as `config.from_json` reads it)."""
+  """A run's saved config (`<workdir>/config.json`, as `config.from_json` reads it), checked as
+  a training's start checks its config (`config.validate`, `models.check_config`): a value
+  edited by hand would otherwise fail deep inside a command (compile.threads="four"), or
+  decode nonsense without a word (eval.max_decode_len_b=-50: each sentence one word long).
+  A bad field is a `UserError` naming the file and the field."""
   check_no_tilde(workdir)
-  return config_lib.from_saved(read_json(Path(workdir) / CONFIG, RUN_CONFIG_FIX))
+  path = Path(workdir) / CONFIG
+  saved = read_json(path, RUN_CONFIG_FIX)
+  try:
+    config = config_lib.from_saved(saved)
+  except (TypeError, ValueError, AttributeError):  # A value of another type, or not a section.
+    config = None
+  checked = config if config is not None else _unchecked(saved, path)
+  from seq2seq import models  # What the family can build; it imports JAX, as decoding does.
+  try:
+    config_lib.validate(checked)
+    models.check_config(checked)
+  except UserError as e:
+    raise UserError(f"{path}: {str(e).rstrip('.')}; {EDITED_CONFIG_FIX}.") from None
+  if config is None:  # validate found nothing, yet from_saved could not read it.
+    raise UserError(f"{path} holds values seq2seq cannot read back; {EDITED_CONFIG_FIX}.")
+  return config
+
+
+def _unchecked(saved: dict, path: Path) -> ml_collections.ConfigDict:
+  """The base config with `saved`'s values over it, their types unchecked, for
+  `config.validate` to name the field that `config.from_saved` could not take."""
+  merged = config_lib.base_config().to_dict()
+  for section, values in saved.items():
+    if not isinstance(values, dict):
+      raise UserError(f"{path}: config.{section} is {values!r}, not a section of fields;"
+                      f" {EDITED_CONFIG_FIX}.")
+    merged[section] = {**merged.get(section, {}), **values}
+  return ml_collections.ConfigDict(merged)
 
 
 RUN_CONFIG_FIX = ("seq2seq writes it whole, so it was cut or edited since; put it back from a copy"
                   " of the run")
+# A saved config.json holding a value that the run's start would refuse: edited by hand.
+EDITED_CONFIG_FIX = "was it edited? Put back the run's value, or the file from a copy of the run"
