@@ -16,9 +16,10 @@ from seq2seq.models import build_model
 A, B, C = 4, 5, 6  # token ids of a hand-built 7-token vocabulary
 
 
-def table_step(table):
-  """A 'model' whose next-token distribution depends only on the last token."""
-  log_table = jnp.log(jnp.asarray(table, jnp.float32) + 1e-12)
+def table_step(table, floor: float = 1e-12):
+  """A 'model' whose next-token distribution depends only on the last token; every token has
+  at least probability `floor` (0: a token of none is never picked)."""
+  log_table = jnp.log(jnp.asarray(table, jnp.float32) + floor)
 
   def step_fn(cache, token_ids):
     return log_table[token_ids], cache
@@ -83,9 +84,10 @@ def test_length_penalty_reorders_finished_hypotheses_by_its_formula():
 
 
 def test_nbest_puts_a_finished_hypothesis_before_an_unfinished_one():
-  # "A EOS" finishes; "B B B ..." never does. Both have probability 0.5.
+  # "A EOS" finishes; "B B B ..." never does. Both have probability 0.5, and no other
+  # hypothesis has any (with a floor, "EOS" would finish too, at 1e-12, and come first).
   table = transition_table({BOS_ID: {A: 0.5, B: 0.5}, A: {EOS_ID: 1.0}, B: {B: 1.0}})
-  ids, scores = beam(table_step(table), beam_size=2, alpha=0.0, nbest=2, max_len=3)
+  ids, scores = beam(table_step(table, floor=0.0), beam_size=2, alpha=0.0, nbest=2, max_len=3)
   np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID, PAD_ID])
   np.testing.assert_array_equal(ids[0, 1], [B, B, B])
   np.testing.assert_allclose(scores[0], [np.log(0.5)] * 2, rtol=1e-5)
@@ -134,8 +136,9 @@ def test_cached_decoding_equals_uncached(model):
   cached, _ = search.generate(model, SRC, search.Greedy(), max_len=8)
   memory = model.encode(SRC)
   # Position t's logits see tokens 0..t only (causal), so one fixed-shape decode, compiled
-  # once, re-runs the whole prefix at every step; later positions hold PAD until filled.
-  decode = jax.jit(lambda prefix: model.decode(memory, prefix))
+  # once, re-runs the whole prefix at every step; later positions hold PAD until filled. Like
+  # the searches, it picks neither PAD nor BOS (`search.translatable`).
+  decode = jax.jit(lambda prefix: search.translatable(model.decode(memory, prefix)))
   prefix = jnp.zeros((3, 9), jnp.int32).at[:, 0].set(BOS_ID)
   for t in range(8):
     next_ids = jnp.argmax(decode(prefix)[:, t], axis=-1).astype(jnp.int32)
@@ -167,23 +170,78 @@ def test_beam_search_under_jit_equals_eager(model):
   np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", [search.Greedy(0.6), search.Sampling(3, temperature=2.0,
-                                                                         top_k=5, alpha=1.0)],
+# 32 distinct sentences of 2 to 5 subwords (ids 4..29 of the model's 30), EOS, then PAD.
+MANY = np.zeros((32, 7), np.int32)
+_rng = np.random.default_rng(0)
+for _row, _n in enumerate(_rng.integers(2, 6, len(MANY))):
+  MANY[_row, :_n + 1] = [*_rng.integers(4, 30, _n), EOS_ID]
+
+
+def forced_scores(model, src, outputs, alpha: float) -> np.ndarray:
+  """Each output's log-probability under the model, teacher-forced through its EOS (or all
+  of it, cut at the cap), over the length penalty at `alpha`: one batched pass."""
+  outputs = np.asarray(outputs)
+  lengths = [list(out).index(EOS_ID) + 1 if EOS_ID in out else len(out) for out in outputs]
+  tgt_in = np.full(outputs.shape, PAD_ID, np.int32)
+  tgt_in[:, 0] = BOS_ID
+  for row, n in enumerate(lengths):
+    tgt_in[row, 1:n] = outputs[row, :n - 1]
+  log_probs = np.asarray(jax.nn.log_softmax(model.decode(model.encode(src), jnp.asarray(tgt_in))))
+  picked = np.take_along_axis(log_probs, outputs[..., None], axis=-1)[..., 0]
+  return np.array([picked[row, :n].sum() / search.length_penalty(n, alpha)
+                   for row, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("strategy", [search.Greedy(0.6), search.Sampling(5, temperature=20.0,
+                                                                         alpha=1.0)],
                          ids=["greedy", "sampling"])
 def test_one_hypothesis_scores_are_the_models_log_probability_of_the_output(model, strategy):
   """Greedy and sampling score their output as beam search does: its log-probability under
-  the model (teacher-forced, through EOS or the cap), over the length penalty at alpha."""
-  ids, scores = search.generate(model, SRC, strategy, max_len=8)
-  for row, (out, score) in enumerate(zip(np.asarray(ids)[:, 0], np.asarray(scores)[:, 0],
-                                         strict=True)):
-    ends = np.flatnonzero(out == EOS_ID)
-    out = out[:ends[0] + 1] if len(ends) else out
-    logits = model.decode(model.encode(SRC[row:row + 1]),
-                          jnp.asarray([[BOS_ID, *out[:-1]]]))[0]
-    log_probs = jax.nn.log_softmax(logits)[jnp.arange(len(out)), jnp.asarray(out)]
-    np.testing.assert_allclose(score, log_probs.sum() / search.length_penalty(len(out),
-                                                                              strategy.alpha),
-                               rtol=1e-4)
+  the model, teacher-forced through EOS or the cap, over the length penalty at alpha. Hot
+  sampling over the whole vocabulary draws some 2 in 30 tokens from PAD and BOS on this
+  untrained model unless they are left out: a fed PAD is read by the cache but masked when
+  teacher-forced, so the two scores would differ."""
+  ids, scores = search.generate(model, jnp.asarray(MANY), strategy, max_len=8)
+  outputs = np.asarray(ids)[:, 0]
+  for out in outputs:
+    real = out[:list(out).index(EOS_ID) + 1] if EOS_ID in out else out
+    assert not np.isin(real, [PAD_ID, BOS_ID]).any(), out
+  np.testing.assert_allclose(np.asarray(scores)[:, 0],
+                             forced_scores(model, jnp.asarray(MANY), outputs, strategy.alpha),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_no_search_gives_pad_or_bos_even_where_the_model_prefers_them():
+  """PAD and BOS are never in a translation: greedy, beam search and sampling pick among the
+  other tokens even where the model puts most of its mass on those two, and score what they
+  pick by the model's own log-probability (the mass of PAD and BOS included)."""
+  step = table_step(transition_table({BOS_ID: {PAD_ID: 0.5, BOS_ID: 0.3, A: 0.15, B: 0.05},
+                                      A: {PAD_ID: 0.6, EOS_ID: 0.4}, B: {BOS_ID: 0.9, C: 0.1}}))
+  greedy, log_prob, _ = search.token_by_token(step, jnp.zeros((1,)), 1, 4, search.Greedy.pick)
+  np.testing.assert_array_equal(greedy[0], [A, EOS_ID, PAD_ID, PAD_ID])
+  np.testing.assert_allclose(log_prob[0], np.log(0.15 * 0.4), rtol=1e-5)
+  ids, scores = beam(step, beam_size=2, alpha=0.0, nbest=2, max_len=4)
+  np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID, PAD_ID, PAD_ID])
+  np.testing.assert_allclose(scores[0, 0], np.log(0.15 * 0.4), rtol=1e-5)
+  sampled = np.asarray(search.Sampling(0).search(step, jnp.zeros((400,)), 400, 4)[0][:, 0])
+  assert not np.isin(sampled[:, 0], [PAD_ID, BOS_ID]).any()
+  assert set(sampled[:, 0].tolist()) == {A, B}
+
+
+def test_distinct_sentences_draw_with_distinct_keys():
+  """Each sentence's key comes from the seed and all of its subwords: two sentences that a
+  sum of id * 1000003^i wrapping at 2^32 could not tell apart draw apart, on a model that
+  ignores the source (its draws show the keys alone); one sentence padded longer draws as
+  itself."""
+  step = table_step(transition_table({t: {A: 0.34, B: 0.33, C: 0.33} for t in (BOS_ID, A, B, C)}))
+  src = jnp.array([[2600, 800, 20, EOS_ID, PAD_ID], [89, 12, 7, EOS_ID, PAD_ID],
+                   [2600, 800, 20, EOS_ID, PAD_ID]])
+  ids = np.asarray(search.Sampling(1).search(step, jnp.zeros((3,)), 3, 12, src)[0][:, 0])
+  assert not np.array_equal(ids[0], ids[1])
+  np.testing.assert_array_equal(ids[0], ids[2])  # Identical lines: identical samples.
+  longer = jnp.pad(src[:1], ((0, 0), (0, 4)))
+  np.testing.assert_array_equal(
+      search.Sampling(1).search(step, jnp.zeros((1,)), 1, 12, longer)[0][0, 0], ids[0])
 
 
 def test_a_sample_depends_on_its_sentence_not_its_batch(model):

@@ -147,8 +147,9 @@ def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, 
 
 def test_every_attention_kind_has_its_shape_and_the_decoders_is_causal(client, names):
   """The Transformer's answer holds its encoder self-attention `[L, H, source, source]` and
-  decoder self-attention `[L, H, target, target]` beside the cross-attention
-  `[L, H, target, source]`: rows of weights that sum to 1, none on a later target subword."""
+  decoder self-attention `[L, H, target, target_inputs]` beside the cross-attention
+  `[L, H, target, source]`: rows of weights that sum to 1, none on a later target subword.
+  The decoder's columns are what it read: `<s>`, then the target but its last subword."""
   body = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
                                          "attention": True}).json()
   for found in body["attention"]:
@@ -157,6 +158,7 @@ def test_every_attention_kind_has_its_shape_and_the_decoders_is_causal(client, n
     layers, heads = cross.shape[:2]
     assert cross.shape == (layers, heads, t, s)
     assert encoder.shape[1:] == (heads, s, s) and decoder.shape == (layers, heads, t, t)
+    assert found["target_inputs"] == ["<s>", *found["target"][:-1]]
     for weights in (cross, encoder, decoder):
       np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-3)
     assert np.all(np.triu(decoder, k=1) == 0) and np.all(np.diagonal(decoder, axis1=2,
@@ -516,6 +518,11 @@ def test_the_explorer_fits_two_runs_maps_of_a_40_word_sentence_at_1400_px(explor
   labels = page.eval_on_selector_all("#panel-a table.heatmap thead th",
                                      "ths => ths.map(t => t.textContent)")
   assert not any("\u2581" in label for label in labels) and labels[1] == "A"
+  # The decoder's columns are what it read: <s>, then the translation but its last subword.
+  page.select_option("#kind", "decoder")
+  labels = page.eval_on_selector_all("#panel-a table.heatmap thead th",
+                                     "ths => ths.map(t => t.textContent)")
+  assert labels[1] == "<s>" and len(labels) == 1 + len(api["attention"][0]["target_inputs"])
   assert page.eval_on_selector("#panel-a .source-line",
                                "e => e.getClientRects().length && e.offsetHeight > 40")
 

@@ -33,6 +33,20 @@ def _inputs(src: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
           np.concatenate([[BOS_ID], out[:-1]]).astype(np.int32))
 
 
+def labels(pieces, src: np.ndarray, out: np.ndarray) -> dict[str, tuple[list[str], list[str]]]:
+  """The subwords of the rows and of the columns of every kind of attention of output `out`
+  (ids through EOS) on source `src` (ids without EOS), in the order `attention_weights` gives
+  its queries and keys: the inputs' order, whatever order the model reads them in (the RNN
+  puts a reversed source back). `cross`: the outputs on the source with `</s>`; `encoder`:
+  that source on itself; `decoder`: the outputs on what the decoder read, `<s>` then the
+  outputs but the last (so a row sees `<s>` and the outputs before its own, never `</s>`).
+  `pieces`: ids -> subwords (`Tokenizer.pieces`)."""
+  src_ids, tgt_in = _inputs(src, out)
+  source, target = pieces(src_ids), pieces(out)
+  return {"cross": (target, source), "encoder": (source, source),
+          "decoder": (target, pieces(tgt_in))}
+
+
 def alignment(translator: Translator, text: str):
   """Translates `text` and returns the attention of each output subword.
 
@@ -47,8 +61,8 @@ def alignment(translator: Translator, text: str):
   src_ids, tgt_in = _inputs(src, out)
   weights = _weights(translator.params, jnp.asarray(src_ids[None]), jnp.asarray(tgt_in[None]),
                      graphdef=translator.graphdef)  # Op by op: no program for one picture.
-  return (np.asarray(weights), translator.tokenizer.pieces(src_ids),
-          translator.tokenizer.pieces(out))
+  target, source = labels(translator.tokenizer.pieces, src, out)["cross"]
+  return np.asarray(weights), source, target
 
 
 def _stacked(pairs: list[tuple[np.ndarray, np.ndarray]], rows: int,

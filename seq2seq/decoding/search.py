@@ -1,17 +1,15 @@
 """Search over a step function: the decoder is seen only through `step_fn`.
 
-`step_fn(cache, token_ids [batch]) -> (logits [batch, vocab], cache)` is any
-model's `decode_step` with its encoder memory bound, e.g.
-`functools.partial(model.decode_step, memory)`. Loops run under
+`step_fn(cache, token_ids [batch]) -> (logits [batch, vocab], cache)` is any model's `decode_step`
+with its encoder memory bound, e.g. `functools.partial(model.decode_step, memory)`. Loops run under
 `lax.while_loop` so a whole batch decodes inside one compiled program.
 
-A search strategy is a small frozen value: `Greedy(alpha)`, `Beam(beam_size, alpha,
-nbest)` or `Sampling(seed, temperature, top_k, alpha)`. Every strategy scores what it
-returns by its length-normalized log-probability under the model (the GNMT penalty at
-`alpha`), so a greedy, sampled or beam output's score equals the forced score of that
-output (`alignment.Alignments`). Strategies are hashable, so a
-jitted search closes over one as a constant; `generate(model, src_ids, strategy,
-max_len=...)` encodes once and decodes with it.
+A search strategy is a small frozen value: `Greedy(alpha)`, `Beam(beam_size, alpha, nbest)` or
+`Sampling(seed, temperature, top_k, alpha)`. Every strategy scores what it returns by its
+length-normalized log-probability under the model (the GNMT penalty at `alpha`), so a greedy,
+sampled or beam output's score equals the forced score of that output (`alignment.Alignments`). None
+picks PAD or BOS (`translatable`). Strategies are hashable, so a jitted search closes over one as a
+constant; `generate(model, src_ids, strategy, max_len=...)` encodes once and decodes with it.
 """
 
 import dataclasses
@@ -26,6 +24,13 @@ from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
 
 
+def translatable(scores: jnp.ndarray, fill: float = -jnp.inf) -> jnp.ndarray:
+  """`scores [..., vocab]` with PAD and BOS at `fill`, to pick from: no translation holds them
+  (a fed PAD is read by the cache but masked when teacher-forced: its score would differ), yet
+  models give them mass. A pick's score stays the model's log-probability, their mass included."""
+  return scores.at[..., jnp.array([PAD_ID, BOS_ID])].set(fill)
+
+
 def token_by_token(step_fn, cache, batch_size: int, max_len: int,
                    pick) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Extends one hypothesis per sentence by the token `pick` chooses, until EOS or `max_len`.
@@ -35,7 +40,8 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
     cache: the model's initial cache for this batch (room for `max_len` steps).
     batch_size: number of sentences.
     max_len: most tokens to produce per sentence (EOS included).
-    pick: `(logits [batch, vocab], step) -> token ids [batch]` (a strategy's `picker`).
+    pick: `(logits [batch, vocab], step) -> token ids [batch]` (a strategy's `picker`), given
+      the logits of PAD and BOS at -inf (`translatable`).
 
   Returns:
     `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD; `[batch]`
@@ -49,7 +55,7 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
   def body(carry):
     i, cache, tokens, last, finished, log_probs, lengths = carry
     logits, cache = step_fn(cache, last)
-    next_ids = pick(logits, i).astype(jnp.int32)
+    next_ids = pick(translatable(logits), i).astype(jnp.int32)
     picked = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)),
                                  next_ids[:, None], axis=-1)[:, 0]
     log_probs = log_probs + jnp.where(finished, 0.0, picked)
@@ -67,8 +73,7 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
 
 
 def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
-  """The most likely token at every step (`token_by_token` with `Greedy.pick`): `[batch,
-  max_len]` ids."""
+  """The most likely token at every step (`token_by_token`, `Greedy.pick`): `[batch, max_len]`."""
   return token_by_token(step_fn, cache, batch_size, max_len, Greedy.pick)[0]
 
 
@@ -85,12 +90,11 @@ def length_penalty(length, alpha: float):
 def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
   """Repeats every batch-major array of a memory/cache pytree `beam_size` times.
 
-  `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent;
-  scalars (positions, step counters) are shared and left as they are. A memory
-  with a `for_beams(beam_size)` method expands itself instead (the Transformer's
-  keeps one copy of what the beams only read), unless `copy_all` asks for a copy
-  of everything per beam (a decoder without shared memory: the benchmark's
-  baselines).
+  `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent; scalars (positions,
+  step counters) are shared and left as they are. A memory with a `for_beams(beam_size)` method
+  expands itself instead (the Transformer's keeps one copy of what the beams only read), unless
+  `copy_all` asks for a copy of everything per beam (a decoder without shared memory: the
+  benchmark's baselines).
   """
   if hasattr(tree, "for_beams") and not copy_all:
     return tree.for_beams(beam_size)
@@ -110,12 +114,11 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   """The cache sizes beam search decodes with, one phase each: `max_len` halved while
   the half holds at least `shortest` tokens, smallest first (40: 20, 40; 150: 18, 37, 75, 150).
 
-  Every beam-search step copies the whole cache (each hypothesis takes its
-  parent's keys and values), and self-attention reads all of it; a cache sized
-  for `max_len` from the first step copies and reads slots that nothing has
-  written yet. Each phase costs one more compiled copy of the step, so phases
-  are no shorter than `shortest` steps: shorter ones cost more compile time
-  than they save (docs/performance.md).
+  Every beam-search step copies the whole cache (each hypothesis takes its parent's keys and
+  values), and self-attention reads all of it; a cache sized for `max_len` from the first step
+  copies and reads slots that nothing has written yet. Each phase costs one more compiled copy of
+  the step, so phases are no shorter than `shortest` steps: shorter ones cost more compile time than
+  they save (docs/performance.md).
   """
   lengths = [max_len]
   while lengths[0] // 2 >= shortest:
@@ -126,12 +129,11 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
 def chunked_top_k(x: jnp.ndarray, k: int, chunk: int = 128) -> tuple[jnp.ndarray, jnp.ndarray]:
   """`jax.lax.top_k` of `x [rows, n]`, searching only the chunks that can hold a winner.
 
-  Every one of the k best lies in a chunk of `chunk` neighbours whose maximum is
-  among the k best chunk maxima, so one vectorised max over all of `x` and a
-  top_k over `k * chunk` candidates replace XLA:CPU's TopK over all n, which is
-  several times slower on beam search's `[batch, beam * vocab]`.
-  Values and indices equal `jax.lax.top_k`'s, ties included (lower index first):
-  the chosen chunks are kept in index order.
+  Every one of the k best lies in a chunk of `chunk` neighbours whose maximum is among the k best
+  chunk maxima, so one vectorised max over all of `x` and a top_k over `k * chunk` candidates
+  replace XLA:CPU's TopK over all n, which is several times slower on beam search's `[batch, beam *
+  vocab]`. Values and indices equal `jax.lax.top_k`'s, ties included (lower index first): the chosen
+  chunks are kept in index order.
   """
   rows, n = x.shape
   if n <= 2 * k * chunk:
@@ -184,12 +186,11 @@ def _can_improve(state: BeamState, end: int, max_len: int, alpha: float, nbest: 
 def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
   """Extends every live beam by every token and keeps the `2 * k` best extensions: those
   ending in EOS join the finished set, the best `k` others stay live."""
-  b, k = state.last.shape
-  i = state.step
+  (b, k), i = state.last.shape, state.step
   logits, cache = step_fn(state.cache, state.last.reshape(b * k))
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+  log_probs = translatable(jax.nn.log_softmax(logits.astype(jnp.float32)), NEG_INF)
   vocab = log_probs.shape[-1]
-  candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
+  candidates = (state.alive_log_probs.reshape(b * k, 1) + log_probs).reshape(b, k * vocab)
   top_log_probs, top_index = chunked_top_k(candidates, 2 * k)  # [b, 2k]
   top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
   top_seq = _gather_beams(state.alive_seq, top_beam).at[:, :, i].set(top_token)
@@ -211,9 +212,8 @@ def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
 
 
 def _nbest(state: BeamState, alpha: float, nbest: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """The `nbest` best hypotheses per sentence and their scores: finished ones first; a
-  sentence with fewer than `nbest` of them (max_len reached) is completed with live ones,
-  scored as if they ended there."""
+  """The `nbest` best hypotheses per sentence and their scores: finished ones first; a sentence
+  with fewer than `nbest` of them (max_len reached) is completed with live ones, scored so."""
   alive_final = state.alive_log_probs / length_penalty(state.step.astype(jnp.float32), alpha)
   finished = state.finished_scores > NEG_INF / 2
   scores = jnp.concatenate([state.finished_scores, alive_final], axis=1)
@@ -228,18 +228,16 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
                 alpha: float, nbest: int = 1) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search with the GNMT length penalty and early stopping.
 
-  Each step extends every live beam by every token and keeps the `2 * beam`
-  best extensions: those ending in EOS join the finished set (scored by
-  log-probability / length_penalty), the best `beam` others stay live. The
-  search stops once no live beam can beat the `nbest`-th finished hypothesis
-  of any sentence (with alpha >= 0 a live score can only fall below
-  `log_prob / length_penalty(max_len)`), or after `max_len` steps.
+  Each step extends every live beam by every token and keeps the `2 * beam` best extensions: those
+  ending in EOS join the finished set (scored by log-probability / length_penalty), the best `beam`
+  others stay live. The search stops once no live beam can beat the `nbest`-th finished hypothesis
+  of any sentence (with alpha >= 0 a live score can only fall below `log_prob /
+  length_penalty(max_len)`), or after `max_len` steps.
 
-  A cache with a `resized(length)` method (the Transformer's) is grown in
-  phases (`cache_lengths`): each phase is its own loop over a cache of fixed
-  size. The unwritten slots it leaves out are masked anyway, so the search
-  finds what one loop over the full cache finds (scores may differ in the last
-  bit: attention sums the same terms over fewer slots).
+  A cache with a `resized(length)` method (the Transformer's) is grown in phases (`cache_lengths`):
+  each phase is its own loop over a cache of fixed size. The unwritten slots it leaves out are
+  masked anyway, so the search finds what one loop over the full cache finds (scores may differ in
+  the last bit: attention sums the same terms over fewer slots).
 
   Args:
     step_fn: see the module docstring; works on `batch * beam` rows.
@@ -252,10 +250,9 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     nbest: hypotheses returned per sentence, 1 to `beam_size` (`Beam` checks it).
 
   Returns:
-    (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD;
-     scores `[batch, nbest]`: length-normalized log-probabilities). Finished
-    hypotheses come first, best first; unfinished ones (cut at max_len) only
-    fill the list when fewer than `nbest` finished.
+    (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD; scores `[batch,
+     nbest]`: length-normalized log-probabilities). Finished hypotheses come first, best first;
+    unfinished ones (cut at max_len) only fill the list when fewer than `nbest` finished.
   """
   state = BeamState.initial(cache, batch_size, beam_size, max_len)
   body = functools.partial(_beam_step, step_fn, alpha)
@@ -293,12 +290,15 @@ class _OneHypothesis:
     raise NotImplementedError
 
 
-def sentence_fingerprint(ids: jnp.ndarray) -> jnp.ndarray:
-  """A uint32 hash of one sentence's subword ids (`[src_len]`, PAD-padded), the same at any
-  padded length: sum of id_i * 1000003^i, wrapping (PAD is 0, so it adds nothing)."""
-  factors = jnp.full(ids.shape, 1_000_003, jnp.uint32).at[0].set(1)
-  return jnp.sum(ids.astype(jnp.uint32) * jnp.cumprod(factors, dtype=jnp.uint32),
-                 dtype=jnp.uint32)
+def sentence_key(key: jax.Array, ids: jnp.ndarray) -> jax.Array:
+  """`key` with a sentence's subword ids (`[src_len]`, PAD-padded) folded in one by one: distinct
+  sentences get keys as distinct as the generator's (a 32-bit sum of id * 1000003^i gave [2600,
+  800, 20, </s>] and [89, 12, 7, </s>] one), and PAD is skipped: one key at any padded length."""
+
+  def fold(key, i):
+    return jnp.where(i == PAD_ID, key, jax.random.fold_in(key, i)), None
+
+  return jax.lax.scan(fold, key, ids)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,8 +319,8 @@ class Greedy(_OneHypothesis):
 
 @dataclasses.dataclass(frozen=True)
 class Sampling(_OneHypothesis):
-  """Each token drawn from softmax(logits / `temperature`), among the `top_k` most likely
-  (0: all); `seed` fixes the draws, so the same seed gives the same samples. The score is
+  """Each token drawn from softmax(logits / `temperature`), among the `top_k` most likely (0: all)
+  but PAD and BOS; `seed` fixes the draws, so the same seed gives the same samples. The score is
   the sample's log-probability under the model itself (not its tempered or cut one)."""
   seed: int
   temperature: float = 1.0
@@ -328,12 +328,12 @@ class Sampling(_OneHypothesis):
   alpha: float = 0.0
 
   def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
-    """Draws with one key per sentence, from the seed and the sentence's subwords (without
-    `src_ids`, its row): a sample does not depend on the other sentences of its batch, nor
-    on its row or padding."""
-    rows = (jax.vmap(sentence_fingerprint)(src_ids) if src_ids is not None
-            else jnp.arange(batch_size, dtype=jnp.uint32))
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(self.seed), rows)
+    """Draws with one key per sentence, from the seed and its subwords (`sentence_key`; without
+    `src_ids`, its row): a sample does not depend on the other sentences of its batch, nor on
+    its row or padding, and identical sentences get identical samples."""
+    seed = jax.random.key(self.seed)
+    keys = (jax.vmap(sentence_key, in_axes=(None, 0))(seed, src_ids) if src_ids is not None
+            else jax.vmap(jax.random.fold_in, in_axes=(None, 0))(seed, jnp.arange(batch_size)))
     return functools.partial(self._pick, keys)
 
   def _pick(self, keys: jnp.ndarray, logits: jnp.ndarray, step: jnp.ndarray) -> jnp.ndarray:

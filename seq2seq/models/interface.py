@@ -56,7 +56,9 @@ class Seq2SeqModel(Protocol):
                         tgt_in_ids: jnp.ndarray) -> dict[str, jnp.ndarray]:
     """Every attention of a teacher-forced pass, by kind, `[layers, batch, heads, queries,
     keys]`: at least `cross` (`[layers, batch, heads, t, src_len]`); a family with
-    self-attention adds `encoder` (`[..., src_len, src_len]`) and `decoder` (`[..., t, t]`)."""
+    self-attention adds `encoder` (`[..., src_len, src_len]`) and `decoder` (`[..., t, t]`).
+    Queries and keys are in the order of `src_ids` and `tgt_in_ids`, whatever order the
+    family reads them in: the pictures label them so (`alignment.labels`)."""
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """The decoding state before the first target token, for up to `max_len` tokens."""

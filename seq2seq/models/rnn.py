@@ -152,8 +152,7 @@ class GateKernels(NamedTuple):
       new_c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
       new_h = jax.nn.sigmoid(o) * jnp.tanh(new_c)
       return (new_c, new_h), new_h
-    h = carry
-    x = projected
+    h, x = carry, projected
     if rest:
       x = self._product(jnp.concatenate(rest, axis=-1), self.step)
       x = x + (projected if projected is not None else self.bias.astype(x.dtype))
@@ -249,9 +248,8 @@ class RNN(nnx.Module):
              positions: jnp.ndarray | None = None, rngs: nnx.Rngs | None = None) -> Memory:
     """Encodes `src_ids [batch, src_len]` (PAD_ID-padded); packed rows are refused (PACKS)."""
     _refuse_packed(segments, positions)
-    src_mask = masks.padding_mask(src_ids)
     valid = src_ids != PAD_ID
-    lengths = valid.sum(axis=1)
+    src_mask, lengths = masks.padding_mask(src_ids), valid.sum(axis=1)
     if self.reverse_source:  # Sutskever et al.: reversed source, padding stays at the end.
       src_ids = reverse_padded(src_ids, lengths)
     batch = src_ids.shape[0]
@@ -270,8 +268,9 @@ class RNN(nnx.Module):
         final = jnp.concatenate([final, _hidden(back_carry)], axis=-1)
       x = self.dropout(out, deterministic=rngs is None, rngs=rngs)
     encoded = self.encoder_out(x) if self.encoder_out is not None else x
-    if self.bridge is not None:
-      initial = tuple(self._bridged_carry(jnp.tanh(b(final))) for b in self.bridge)
+    if self.bridge is not None:  # An LSTM's cell starts at zero, its hidden state bridged.
+      initial = tuple((jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
+                      for h in (jnp.tanh(b(final)) for b in self.bridge))
     else:
       zero = _zeros_like_carry(self.cell_type, batch, self.hidden, encoded.dtype)
       initial = tuple(zero for _ in self.decoder_cells)
@@ -279,9 +278,6 @@ class RNN(nnx.Module):
     if self.attention in KERNELS:
       keys = KERNELS[self.attention].prepare(keys, self.score_params)
     return Memory(encoded, keys, src_mask, jnp.tanh(self.context_proj(final)), initial)
-
-  def _bridged_carry(self, h: jnp.ndarray) -> Carry:
-    return (jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
 
   def _attend(self, memory: Memory, query: jnp.ndarray, first=0):
     """`query [batch, q, hidden]` (steps `first`..) -> context `[.., hidden]`, weights `[.., k]`."""
@@ -364,8 +360,12 @@ class RNN(nnx.Module):
     return self._teacher_forced(memory, tgt_in_ids, rngs)[0]
 
   def attention_weights(self, src_ids, tgt_in_ids) -> dict[str, jnp.ndarray]:
-    """`cross`: the `[1 layer, batch, 1 head, t, src_len]` alignment of each target step."""
-    return {"cross": self._teacher_forced(self.encode(src_ids), tgt_in_ids, None)[1][None, :, None]}
+    """`cross`: the `[1 layer, batch, 1 head, t, src_len]` alignment of each target step, its
+    columns in `src_ids`' order (a reversed source's put back), as every picture labels them."""
+    weights = self._teacher_forced(self.encode(src_ids), tgt_in_ids, None)[1].swapaxes(1, 2)
+    if self.reverse_source:
+      weights = reverse_padded(weights, (src_ids != PAD_ID).sum(1))
+    return {"cross": weights.swapaxes(1, 2)[None, :, None]}
 
   def _teacher_forced(self, memory, tgt_in_ids, rngs):
     embedded = self.dropout(self.tgt_embed(tgt_in_ids), deterministic=rngs is None, rngs=rngs)

@@ -58,6 +58,9 @@ class Attention(BaseModel):
   source: list[str] = Field(description="Source subwords, ending with </s>.")
   target: list[str] = Field(description="Target subwords of the best (or given) translation,"
                                         " with </s> where the search reached it.")
+  target_inputs: list[str] = Field(description="What the decoder read before each target"
+                                               " subword: <s>, then the target but its last;"
+                                               " the columns of 'decoder'.")
   weights: list[list[list[list[float]]]] = Field(
       description="Cross-attention, [layer][head][target][source]; the RNN's alignment has one"
                   " layer and one head.")
@@ -65,8 +68,8 @@ class Attention(BaseModel):
       None, description="Encoder self-attention, [layer][head][source][source] (the"
                         " Transformer's).")
   decoder: list[list[list[list[float]]]] | None = Field(
-      None, description="Decoder self-attention, [layer][head][target][target], causal (the"
-                        " Transformer's).")
+      None, description="Decoder self-attention, [layer][head][target][target_inputs], causal"
+                        " (the Transformer's).")
 
 
 class TranslateResponse(BaseModel):

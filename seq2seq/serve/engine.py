@@ -23,7 +23,7 @@ import numpy as np
 from seq2seq.data import tokenizer
 from seq2seq.data.special_ids import EOS_ID
 from seq2seq.decoding import search
-from seq2seq.decoding.alignment import Alignments
+from seq2seq.decoding.alignment import Alignments, labels
 from seq2seq.decoding.translator import Hypothesis, Translator, check_is_run
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
@@ -313,16 +313,17 @@ class Engine:
 
   @staticmethod
   def _attention(run: ServedRun, line: str, out: np.ndarray) -> dict:
-    """The attention of output `out` (ids through EOS) for `line`: subwords on both sides,
-    the cross-attention `weights` `[layers][heads][target][source]` and, where the model has
-    them, the `encoder` (`[...][source][source]`) and `decoder` (`[...][target][target]`)
-    self-attention, rounded to 4 decimals; and the log-probability of each output subword
-    (`log_probs`)."""
-    src = run.alignments.translator.source_ids(line)
+    """The attention of output `out` (ids through EOS) for `line`: the subwords of its rows and
+    columns (`labels`: the `source`, the `target`, and the `target_inputs` the decoder read,
+    `<s>` then the target but its last), the cross-attention `weights`
+    `[layers][heads][target][source]` and, where the model has them, the `encoder`
+    (`[...][source][source]`) and `decoder` (`[...][target][target_inputs]`) self-attention,
+    rounded to 4 decimals; and the log-probability of each output subword (`log_probs`)."""
+    src = run.alignments.translator.source_ids(line)[:run.longest - 1]
     weights, log_probs = run.alignments(src, out)
-    source = np.concatenate([src[:run.longest - 1], [EOS_ID]])
-    found = {"source": run.tokenizer.pieces(source), "target": run.tokenizer.pieces(out),
-             "log_probs": log_probs}
+    named = labels(run.tokenizer.pieces, src, out)
+    found = {"source": named["cross"][1], "target": named["cross"][0],
+             "target_inputs": named["decoder"][1], "log_probs": log_probs}
     for kind, name in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
       if kind in weights:
         found[name] = np.round(weights[kind], 4).tolist()

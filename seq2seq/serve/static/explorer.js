@@ -12,7 +12,9 @@ const state = {sentence: 0, kind: "cross", layer: 1, head: "mean", rescale: fals
 const KINDS = {  // kind -> [the answer's field, what the rows are, what the columns are, name]
   cross: ["weights", "target", "source", "cross-attention (target on source)"],
   encoder: ["encoder", "source", "source", "encoder self-attention (source on source)"],
-  decoder: ["decoder", "target", "target", "decoder self-attention (target on earlier target)"],
+  // The decoder's columns are what it read: <s>, then the target but its last subword.
+  decoder: ["decoder", "target", "target_inputs",
+            "decoder self-attention (target on what the decoder read before it)"],
 };
 const SERVER_DOWN = "The server cannot be reached: is seq2seq-serve still running? Start it" +
   " again, then press Translate.";

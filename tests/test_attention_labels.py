@@ -1,0 +1,115 @@
+"""What each row and column of every attention shown stands for (`alignment.labels`): a row of
+the decoder's self-attention sees `<s>` and the outputs before its own, and a source the RNN
+read reversed is shown in the order of its words, in the pictures, the server's answers and
+the word links alike. Untrained tiny models, a hand-made vocabulary."""
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.decoding import alignment
+from seq2seq.decoding import word_alignment as wa
+from seq2seq.models import build_model
+from seq2seq.serve.engine import Engine
+
+VOCAB = 30
+SOURCE = "▁w5 ▁w6 ▁w7 ▁w8 ▁w9"  # Ids 5..9, each its own word.
+OUT = np.array([11, 12, 13, EOS_ID], np.int32)  # The translation every search gives here.
+
+
+class Pieces:
+  """A tokenizer of `▁w<id>` pieces, one per word."""
+  vocab_size = VOCAB
+  SPECIAL = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
+
+  def pieces(self, ids) -> list[str]:
+    return [self.SPECIAL.get(i, f"▁w{i}") for i in np.asarray(ids).reshape(-1).tolist()]
+
+  def encode(self, text: str) -> list[int]:
+    return [int(piece[2:]) for piece in text.split()]
+
+
+def translator(config):
+  """What `alignment` and `Alignments` read of a `Translator`, for an untrained model of
+  `config` whose search gives OUT."""
+  graphdef, params = nnx.split(build_model(config, VOCAB), nnx.Param)
+  tokenizer = Pieces()
+  return types.SimpleNamespace(
+      graphdef=graphdef, params=params, config=config, batch_size=2, tokenizer=tokenizer,
+      source_ids=lambda text: np.asarray(tokenizer.encode(text), np.int32),
+      hypotheses=lambda texts: [[types.SimpleNamespace(ids=OUT)] for _ in texts])
+
+
+def served(found) -> dict:
+  """The server's answer for SOURCE translated as OUT (`Engine._attention`) by `translator`
+  `found`, its attention compiled ahead as the server compiles it."""
+  run = types.SimpleNamespace(alignments=alignment.Alignments(found, 6), tokenizer=Pieces(),
+                              longest=6)
+  run.alignments.compile_ahead()
+  return Engine._attention(run, SOURCE, OUT)
+
+
+def test_each_kind_is_labelled_by_what_its_rows_and_columns_stand_for():
+  """Rows are what the model reads or predicts at each step; a decoder's columns are what it
+  read: `<s>`, then its outputs but the last (it never reads `</s>`)."""
+  source = ["▁w5", "▁w6", "</s>"]
+  assert alignment.labels(Pieces().pieces, np.array([5, 6]), np.array([11, 12, EOS_ID])) == {
+      "cross": (["▁w11", "▁w12", "</s>"], source), "encoder": (source, source),
+      "decoder": (["▁w11", "▁w12", "</s>"], ["<s>", "▁w11", "▁w12"])}
+
+
+def test_a_decoder_row_sees_bos_and_the_outputs_before_its_own(tiny_config):
+  """The server's answer labels every kind by `labels`; a decoder row puts its weight on
+  `<s>` and the outputs before its own, the first row all of it on `<s>`."""
+  found = served(translator(tiny_config))  # The Transformer: all three kinds.
+  expected = alignment.labels(Pieces().pieces, Pieces().encode(SOURCE), OUT)
+  assert (found["target"], found["source"]) == expected["cross"]
+  assert found["target_inputs"] == expected["decoder"][1] == ["<s>", "▁w11", "▁w12", "▁w13"]
+  for kind, name in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
+    rows, columns = expected[kind]
+    assert np.asarray(found[name]).shape[2:] == (len(rows), len(columns))
+  decoder = np.asarray(found["decoder"])
+  np.testing.assert_allclose(decoder[..., 0, 0], 1.0)
+  for row in range(len(OUT)):
+    seen = np.flatnonzero(decoder[..., row, :].max(axis=(0, 1)) > 0)
+    assert [found["target_inputs"][i] for i in seen] == ["<s>", *found["target"][:row]]
+
+
+def reversed_run(config):
+  """An RNN with `dot` attention that reads its source reversed, and the weight each source
+  word gets at each step when `</s> w9 .. w5` is read forwards by the same RNN (the same
+  parameters): reading `w5 .. w9 </s>` reversed, it attends alike."""
+  config.model.family, config.model.attention, config.model.reverse_source = "rnn", "dot", True
+  forwards = config.copy_and_resolve_references()
+  forwards.model.reverse_source = False
+  memory = jnp.asarray([[EOS_ID, 9, 8, 7, 6, 5]])
+  tgt_in = jnp.asarray([np.concatenate([[BOS_ID], OUT[:-1]])])
+  weights = np.asarray(build_model(forwards, VOCAB).attention_weights(memory, tgt_in)["cross"])
+  return translator(config), dict(zip(Pieces().pieces(memory[0]), weights[0, 0, 0].T,
+                                      strict=True))
+
+
+def test_a_reversed_source_is_pictured_in_the_order_of_its_words(tiny_config):
+  """The picture's column of each word (`alignment.alignment`, as seq2seq-plot-attention and
+  seq2seq-compare draw it) holds the weight of that word, not of its mirror image."""
+  run, by_word = reversed_run(tiny_config)
+  shown, source, _ = alignment.alignment(run, SOURCE)
+  assert source == ["▁w5", "▁w6", "▁w7", "▁w8", "▁w9", "</s>"]
+  np.testing.assert_allclose(shown[0, 0], np.stack([by_word[p] for p in source], 1), atol=1e-6)
+
+
+@pytest.mark.slow  # Over ~7 s: compiles the server's attention and the word links' batches.
+def test_the_server_and_the_word_links_show_a_reversed_source_in_its_order(tiny_config):
+  """The server's answer (the explorer's maps) and the word links of `--alignment` read the
+  reversed run's columns in the order of the source's words, as the pictures do."""
+  run, by_word = reversed_run(tiny_config)
+  answer = served(run)
+  weights = np.stack([by_word[p] for p in answer["source"]], 1)
+  assert answer["source"] == ["▁w5", "▁w6", "▁w7", "▁w8", "▁w9", "</s>"]
+  np.testing.assert_allclose(answer["weights"][0][0], weights, atol=1e-4)
+  links = alignment.word_alignments(run, [np.arange(5, 10, dtype=np.int32)], [OUT])
+  assert links[0] == wa.word_links(weights[:-1, :-1], list(range(5)), list(range(3)))
