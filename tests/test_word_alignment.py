@@ -237,3 +237,41 @@ def test_a_wrong_gold_file_or_layer_is_one_line(run, tmp_path, gold, kwargs, exp
     evaluate.run_evaluation(run, checkpoint="latest", **files, **kwargs)
   assert str(raised.value) == expected.format(gold=files["gold_alignment"])
   assert not (run / "eval" / "test.en.latest.beam4.json").exists()
+
+
+def val_gold(run, tmp_path, lines: int | None = None):
+  """A gold alignment of the run's validation sentences: word 0 to word 0 where both have words
+  (the first `lines` sentences' lines only, when given)."""
+  from seq2seq.data import corpus
+  from seq2seq.runs import workdirs
+
+  text = corpus.read_split(workdirs.read_run_config(run).data, "val")
+  gold = ["0-0" if s.split() and t.split() else "" for s, t in zip(text.src, text.tgt,
+                                                                    strict=True)]
+  path = tmp_path / "gold.txt"
+  path.write_text("".join(f"{line}\n" for line in gold[:lines]), encoding="utf-8")
+  return path
+
+
+@pytest.mark.slow  # A comparison and an evaluation of the run: over ~7 s.
+def test_compare_shows_the_aer_that_evaluate_reports(run, tmp_path):
+  from seq2seq.compare import comparison
+
+  gold = val_gold(run, tmp_path)
+  rows = comparison.compare_runs([run], tmp_path / "out", split="val", beam_size=2,
+                                 n_samples=20, gold_alignment={"gold_alignment": str(gold)})
+  result, _ = evaluate.run_evaluation(run, split="val", checkpoint="best", beam_size=1,
+                                      gold_alignment=str(gold))
+  assert rows[0]["val_aer"] == result["aer"]
+  header = (tmp_path / "out" / "comparison.csv").read_text().splitlines()[0].split(",")
+  assert header[-1] == "val_aer"
+
+
+def test_compare_refuses_a_wrong_gold_file_before_it_decodes(run, tmp_path):
+  from seq2seq.compare import comparison
+
+  gold = val_gold(run, tmp_path, lines=1)
+  with pytest.raises(UserError, match=r"^--gold_alignment=.*gold.txt has 1 line but the test set"):
+    comparison.compare_runs([run], tmp_path / "out", split="val",
+                            gold_alignment={"gold_alignment": str(gold)})
+  assert not (tmp_path / "out").exists()

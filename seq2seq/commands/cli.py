@@ -211,6 +211,28 @@ def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
   }
 
 
+def define_alignment_flags() -> dict:
+  """--gold_alignment and its two options, as seq2seq-evaluate and seq2seq-compare take them."""
+  return {
+      "gold_alignment": flags.DEFINE_string(
+          "gold_alignment", "", "Gold word alignment of the test set: score the attention on"
+          " the references by AER."),
+      "gold_one_based": flags.DEFINE_bool("gold_one_based", False,
+                                          "--gold_alignment counts words from 1."),
+      "alignment_layer": flags.DEFINE_integer(
+          "alignment_layer", -2, "The cross-attention layer (heads averaged) --gold_alignment"
+          " scores; -2: the penultimate (1 layer: that one)."),
+  }
+
+
+def check_alignment_flags(alignment_flags: dict) -> None:
+  """A `UserError` when --alignment_layer or --gold_one_based come without --gold_alignment."""
+  if ((alignment_flags["alignment_layer"].present or alignment_flags["gold_one_based"].present)
+      and not alignment_flags["gold_alignment"].value):
+    raise UserError("--alignment_layer and --gold_one_based apply to --gold_alignment only;"
+                    " add --gold_alignment=FILE, or drop them.")
+
+
 def _check_config_arg(spec: str, get_config, arg: str) -> None:
   """Raises `UserError` if `--config=FILE[:ARG]` passes an argument that get_config() does
   not take, or none where it needs one."""

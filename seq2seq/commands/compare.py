@@ -1,7 +1,8 @@
 r"""Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
 
   seq2seq-compare runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR] \
-      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...]
+      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...] \
+      [--gold_alignment=FILE [--gold_one_based] [--alignment_layer=-2]]
 
 Evaluates each run's best checkpoint on val, --split and every --test_set with
 beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
@@ -10,8 +11,11 @@ seq2seq-evaluate takes them) and writes comparison.md, comparison.csv
 lowercase BLEU, chrF, a 95% interval and the paired bootstrap p-value), seeds.csv (when runs
 differ in train.seed: mean, sd and Welch's t-test per variant), length.csv,
 length.png, bleu.png, curves.png, attention.png and runs.json (each row's config) to
---out (default: the first run's parent directory). Runs are named by their path
-below the runs' common parent (runs/a/s0 and runs/b/s0: a/s0 and b/s0), each once.
+--out (default: the first run's parent directory). With --gold_alignment (a gold word
+alignment of --split's sentences, as seq2seq-evaluate takes it), the table also has each
+run's alignment error rate, <split>_aer: its best checkpoint's attention on the references.
+Runs are named by their path below the runs' common parent (runs/a/s0 and runs/b/s0: a/s0
+and b/s0), each once.
 The comparison is written beside --out and swapped in once complete: a failure (a full
 disk) leaves an earlier comparison there as it was.
 
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from absl import flags
 
-from seq2seq.commands.cli import run_main
+from seq2seq.commands.cli import check_alignment_flags, define_alignment_flags, run_main
 from seq2seq.compare.comparison import compare_runs, parse_test_set
 from seq2seq.errors import UserError
 
@@ -52,6 +56,7 @@ _EARLIER = flags.DEFINE_multi_string("earlier", [], "An earlier comparison's --o
                                      " runs join the tables (repeatable).")
 _TEST_SETS = flags.DEFINE_multi_string("test_set", [], "NAME=SRC,REF: score every run on these"
                                        " files too (repeatable).")
+_ALIGNMENT = define_alignment_flags()
 
 
 def main(argv):
@@ -60,12 +65,14 @@ def main(argv):
   def compare():
     if not runs:
       raise UserError("Pass the run directories to compare, e.g. runs/rnn_attention/*.")
+    check_alignment_flags(_ALIGNMENT)
     out = _OUT.value or str(Path(runs[0]).parent)
     test_sets = [parse_test_set(spec) for spec in _TEST_SETS.value]
     start = time.time()
     rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
                         test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
-                        n_samples=_SAMPLES.value, earlier=_EARLIER.value)
+                        n_samples=_SAMPLES.value, earlier=_EARLIER.value,
+                        gold_alignment={k: f.value for k, f in _ALIGNMENT.items()})
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
     written = sorted(p.name for p in Path(out).iterdir()
                      if p.is_file() and p.stat().st_mtime >= start)

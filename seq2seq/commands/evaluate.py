@@ -26,22 +26,19 @@ import json
 
 from absl import flags
 
-from seq2seq.commands.cli import define_run_flags, run_main
+from seq2seq.commands import cli
 from seq2seq.errors import UserError
 from seq2seq.evaluation.evaluate import run_evaluation, select_checkpoint
 
-_RUN = define_run_flags(ensemble=True)
+_RUN = cli.define_run_flags(ensemble=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["train", "val", "test"], "Split of the run's corpus.")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: the run's"
                                " config.eval.batch_size, whose programs the run compiled).")
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
 _REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
 _PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")
-_GOLD = flags.DEFINE_string("gold_alignment", "", "Gold word alignment of the test set: score the"
-                            " attention on the references by AER.")
-_ONE_BASED = flags.DEFINE_bool("gold_one_based", False, "--gold_alignment counts words from 1.")
-_LAYER = flags.DEFINE_integer("alignment_layer", -2, "The cross-attention layer (heads averaged)"
-                              " --gold_alignment scores; -2: the penultimate (1 layer: that one).")
+_ALIGNMENT = cli.define_alignment_flags()
+_GOLD = _ALIGNMENT["gold_alignment"]
 
 
 def main(argv):
@@ -52,9 +49,7 @@ def main(argv):
     if len(candidates) > 1 and _RUN["ensemble"].value:
       raise UserError("--ensemble scores one choice; choose each run's checkpoint on validation"
                       " alone first, then ensemble with --checkpoint=selected.")
-    if (_LAYER.present or _ONE_BASED.present) and not _GOLD.value:
-      raise UserError("--alignment_layer and --gold_one_based apply to --gold_alignment only;"
-                      " add --gold_alignment=FILE, or drop them.")
+    cli.check_alignment_flags(_ALIGNMENT)
     if len(candidates) > 1 and _GOLD.value:
       raise UserError("--gold_alignment scores one checkpoint; choose it on validation first,"
                       " then score it with --checkpoint=selected.")
@@ -71,8 +66,9 @@ def main(argv):
         beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value, batch_size=_BATCH.value,
         src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
         ensemble=_RUN["ensemble"].value, gold_alignment=_GOLD.value,
-        alignment_layer=_LAYER.value, gold_one_based=_ONE_BASED.value)
+        alignment_layer=_ALIGNMENT["alignment_layer"].value,
+        gold_one_based=_ALIGNMENT["gold_one_based"].value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 
-  run_main(evaluate)
+  cli.run_main(evaluate)

@@ -29,6 +29,7 @@ from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
 from seq2seq.data.textio import read_lines
 from seq2seq.decoding.translator import Translator, check_search
 from seq2seq.errors import UserError
+from seq2seq.evaluation.alignment_error import alignment_scores, read_gold
 from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
@@ -106,7 +107,8 @@ class _Run(NamedTuple):
 def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
                  split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
                  alpha: float = 0.6, n_samples: int = 1000, earlier: Sequence[str | Path] = (),
-                 attention_text: str = "A man in an orange hat starring at something.") -> list:
+                 attention_text: str = "A man in an orange hat starring at something.",
+                 gold_alignment: dict | None = None) -> list:
   """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
 
   Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
@@ -115,6 +117,9 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   and paired-bootstrap p-value against the baseline. Runs are named by their path
   below the runs' common parent (`run_names`). The runs of each `earlier` comparison (an
   earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
+  With `gold_alignment` ({"gold_alignment": FILE, "gold_one_based", "alignment_layer"}, as
+  seq2seq-evaluate takes them; FILE aligns `split`'s sentences), each row also has
+  `<split>_aer`, the alignment error rate of its attention on the references.
   """
   output.check_out(Path(out_dir))
   runs = _runs(run_dirs, baseline, beam_size, alpha)
@@ -133,8 +138,12 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
                   for e in before for row in e.rows]
   _each_once([], earlier_rows, fields, named)  # Before anything is decoded.
   texts = _texts(runs, sets)
+  gold = {"alignment_layer": -2, "gold_one_based": False, **(gold_alignment or {})}
+  if gold.get("gold_alignment"):  # A wrong file fails before anything is decoded.
+    read_gold(gold["gold_alignment"], *texts[split], gold["gold_one_based"])
   rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
+  _add_alignment_error(rows, translators, split, texts[split], gold)
   for row in rows if parents else []:
     row["parent"] = parents.get(row["run"])
   for e in before:
@@ -142,7 +151,8 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   joined = _each_once(rows, earlier_rows, fields, named)
   columns = ["run", *fields, *FIXED_COLUMNS, *(["parent"] if parents else [])] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
-                                                  "p_value")]
+                                                  "p_value")] + (
+      [f"{split}_aer"] if gold.get("gold_alignment") else [])
   seeds = seed_aggregate(joined, fields, named, runs[0].name)
 
   def write(folder: Path) -> None:
@@ -338,6 +348,16 @@ def _score(runs: list[_Run], fields: list[str], sets: list[TestSet], texts: dict
       row["bleu_lc_signature"] = scores["bleu_lowercase_signature"]
     rows.append(row)
   return rows, hyps, translators
+
+
+def _add_alignment_error(rows: list[dict], translators: dict[str, Translator], split: str,
+                         text: tuple[list[str], list[str]], gold: dict) -> None:
+  """Adds to each row `<split>_aer`, its attention's alignment error rate on the references of
+  `text` against `gold["gold_alignment"]` (nothing without one)."""
+  for row in rows if gold.get("gold_alignment") else []:
+    row[f"{split}_aer"] = alignment_scores(
+        translators[row["run"]], *text, gold["gold_alignment"], layer=gold["alignment_layer"],
+        one_based=gold["gold_one_based"])["aer"]
 
 
 def _num_params(translator: Translator) -> int:
