@@ -96,6 +96,10 @@ def _data_defaults() -> ml_collections.ConfigDict:
   d.num_buckets = 2
   d.max_train_examples = 0  # Use only the first N training pairs (0 = all).
   d.pack = False  # Pack several training pairs per row (Transformer only; one shape, less PAD).
+  # Subword regularization (Kudo 2018; docs/training.md): each epoch resegments the training
+  # pairs, drawing x with probability ~ P(x) ** alpha (this alpha; 0: off, the best x only) ...
+  d.subword_sampling = 0.0
+  d.subword_nbest = 64  # ... among each sentence's n best segmentations (2 to 512).
   return d
 
 
@@ -287,7 +291,7 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "eval.max_sentences": e.max_sentences, "model.num_kv_heads": m.num_kv_heads,
       "eval.alpha": e.alpha, "eval.max_decode_len_a": e.max_decode_len_a,
       "eval.max_decode_len_b": e.max_decode_len_b, "eval.test_beam_size": e.test_beam_size,
-      "compile.threads": config.compile.threads,
+      "compile.threads": config.compile.threads, "data.subword_sampling": d.subword_sampling,
   }
   for name, value in non_negative.items():
     if value < 0:
@@ -295,6 +299,9 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
   if not m.entmax_alpha > 1.0:
     raise UserError(f"config.model.entmax_alpha={m.entmax_alpha} must be above 1 (1.5: entmax15,"
                     " 2: sparsemax).")
+  if not 2 <= d.subword_nbest <= 512:  # SentencePiece's n-best range (data.subword_sampling).
+    raise UserError(f"config.data.subword_nbest={d.subword_nbest} is out of range; sample among"
+                    " the 2 to 512 best segmentations.")
   if not 0 <= t.seed < 2**32:  # SentencePiece takes an unsigned 32-bit seed.
     raise UserError(f"config.train.seed={t.seed} is out of range; use 0 to {2**32 - 1}.")
 

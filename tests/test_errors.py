@@ -396,6 +396,10 @@ CASES = [
         t / "new", data__max_len=300),
      "config.data.max_len=300 pads to 304 tokens, more than config.model.max_len=64; raise"
      " model.max_len."),
+    ("subword sampling over the whole lattice", lambda r, t, v: train_with(
+        t / "new", data__subword_sampling=0.1, data__subword_nbest=-1),
+     "config.data.subword_nbest=-1 is out of range; sample among the 2 to 512 best"
+     " segmentations."),
     # Corpus files.
     ("no corpus directory", lambda r, t, v: train_with(t / "new", data__corpus=str(t / "none")),
      "config.data.corpus='{tmp}/none' is not \"multi30k\", \"tfds:<name>\" or an existing"

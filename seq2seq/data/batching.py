@@ -13,8 +13,9 @@ form a pair, and four more `[rows, L]` arrays say where:
   "src_segments", "tgt_segments":   1, 2, ... per sentence of the row, 0 on PAD;
   "src_positions", "tgt_positions": each token's position in its own sentence.
 
-Training batches are a pure function of (seed, step, process index): resuming
-at any step needs no iterator state and reproduces the uninterrupted run.
+Training batches are a pure function of (seed, step, process index), resegmented
+by subword sampling or not (`subword_sampling`): resuming at any step needs no
+iterator state and reproduces the uninterrupted run.
 """
 
 import copy
@@ -23,6 +24,7 @@ import math
 import numpy as np
 
 from seq2seq.data.corpus import ParallelText
+from seq2seq.data.subword_sampling import SubwordSampler
 from seq2seq.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from seq2seq.errors import UserError
 
@@ -149,7 +151,8 @@ class TrainBatches:
   example exactly once, in an order drawn from (seed, epoch). With `pack`,
   there is one bucket, L = max_len rounded up to `bucket_step`, whose rows
   each hold several examples; the grouping into rows is fixed (`_pack`), the
-  order of the rows is drawn per epoch.
+  order of the rows is drawn per epoch. With a `sampler`, each epoch's segmentation fills
+  the rows where it fits (`subword_sampling`).
 
   Attributes:
     num_examples: pairs kept after length filtering.
@@ -162,7 +165,8 @@ class TrainBatches:
   def __init__(self, src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *,
                tokens_per_batch: int, max_len: int, bucket_step: int, seed: int,
                row_multiple: int = 1, process_index: int = 0, process_count: int = 1,
-               pack: bool = False, num_buckets: int = 0, pad_rows_to: int = 1):
+               pack: bool = False, num_buckets: int = 0, pad_rows_to: int = 1,
+               sampler: SubwordSampler | None = None):
     """Filters and buckets the examples.
 
     Args:
@@ -183,6 +187,7 @@ class TrainBatches:
       pack: put several examples in each row (see the module docstring).
       num_buckets: unpacked, pad to at most this many lengths (`bucket_lengths`; 0: every
         multiple of `bucket_step`).
+      sampler: resegments the examples at each epoch (subword regularization; None: off).
     """
     if len(src_ids) != len(tgt_ids):
       raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences.")
@@ -192,7 +197,7 @@ class TrainBatches:
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
     self._src, self._tgt = src_ids, tgt_ids
-    self._seed = seed
+    self._seed, self._sampler, self._max_len = seed, sampler, max_len
     self.keys = ("src", "tgt_in", "tgt_out") + (PACKING_KEYS if pack else ())
     self._process_index, self._process_count = process_index, process_count
 
@@ -205,6 +210,12 @@ class TrainBatches:
     if not len(kept):
       raise UserError(f"The training corpus is empty after length filtering"
                       f" (config.data.max_len={max_len}); raise config.data.max_len.")
+    if sampler is not None:
+      # Rows planned to hold a typical draw too (`subword_sampling`): each side at the longer
+      # of its best segmentation and its draw of epoch 0. Which pairs are kept stays the best's.
+      drawn = sampler.sizing()
+      src_len = np.minimum(np.maximum(src_len, [len(s) for s in drawn[0]]), max_len - 1)
+      tgt_len = np.minimum(np.maximum(tgt_len, [len(t) for t in drawn[1]]), max_len - 1)
 
     if pack:
       # Bucket items are rows of `self._packs`, not examples.
@@ -283,9 +294,15 @@ class TrainBatches:
     start = self._process_index * per_process
     mine = examples[start:start + per_process]
     if self._packs is None:
-      return _fill(self._src, self._tgt, mine, length)
-    return _fill_packed(self._src, self._tgt, [self._packs[i] if i >= 0 else [] for i in mine],
-                        length)
+      rows = [[i] if i >= 0 else [] for i in mine]
+    else:
+      rows = [self._packs[i] if i >= 0 else [] for i in mine]
+    src, tgt = self._src, self._tgt
+    if self._sampler is not None:  # This epoch's draw, where each row holds it.
+      drawn_src, drawn_tgt = self._sampler.epoch(self._seed, epoch)
+      src = self._sampler.fit("source", rows, self._src, drawn_src, length, self._max_len)
+      tgt = self._sampler.fit("target", rows, self._tgt, drawn_tgt, length, self._max_len)
+    return _fill_packed(src, tgt, rows, length, segments=self._packs is not None)
 
 
 # The one grid of evaluation lengths. Every validation loss and every search (validation,

@@ -5,6 +5,7 @@ once per run and stored in the workdir, so evaluating a run always uses its own
 vocabulary.
 """
 
+import functools
 import hashlib
 import logging
 import os
@@ -57,6 +58,20 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """`encode` of each text; one C++ call, much faster than a Python loop."""
     return self._sp.encode(list(texts), out_type=int)
+
+  def nbest(self, text: str, size: int) -> list[list[int]]:
+    """The subword ids of the `size` most probable segmentations of `text` (fewer where it
+    has fewer), the best first: SentencePiece's n-best search of its unigram lattice."""
+    return self._sp.nbest_encode_as_ids(text, nbest_size=size)
+
+  @functools.cached_property
+  def log_probs(self) -> np.ndarray:
+    """`[vocab_size]` float64: each piece's log-probability in the unigram model, whose sum
+    over a segmentation's pieces is the score SentencePiece gives it. Not for the unknown
+    piece (0 here, a penalty there), which covers the same characters in every segmentation
+    of a text and so changes no comparison between them."""
+    return np.array([0.0 if self._sp.is_unknown(i) else self._sp.get_score(i)
+                     for i in range(self.vocab_size)])
 
   def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
     """The subword string of each id (for axis labels)."""

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq.data import batching, corpus
+from seq2seq.data.subword_sampling import SubwordSampler
 from seq2seq.decoding import translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import scores
@@ -113,7 +114,8 @@ class Trainer:
         row_multiple=config.train.grad_accum_steps,
         pad_rows_to=jax.device_count() * config.train.grad_accum_steps,
         process_index=jax.process_index(), process_count=jax.process_count(), pack=d.pack,
-        num_buckets=d.num_buckets)
+        num_buckets=d.num_buckets,
+        sampler=SubwordSampler.from_config(self.tokenizer, train_text, d))
     if config.eval.batch_size % jax.device_count():
       raise UserError(f"config.eval.batch_size={config.eval.batch_size} is not divisible by the"
                       f" {jax.device_count()} devices; use a multiple of {jax.device_count()}.")
