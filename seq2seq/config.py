@@ -88,6 +88,7 @@ def _data_defaults() -> ml_collections.ConfigDict:
   d.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS default).
   d.vocab_size = 8000  # Joint SentencePiece vocabulary size (soft limit on tiny corpora).
   d.vocab_from = ""  # A run's workdir whose vocabulary this run takes instead of training one.
+  d.vocab_languages = ""  # Train it on these languages' training text ("de,en,cs"; "": the pair).
   d.max_len = 64  # Drop training pairs longer than this many subwords (+BOS/EOS).
   d.tokens_per_batch = 4096  # Token budget of one global training batch (padded).
   d.bucket_step = 8  # Padded lengths are multiples of this.

@@ -441,3 +441,30 @@ def test_eval_batches_pad_to_the_grid_so_that_similar_sets_share_shapes():
           == {(16, 16), (16, 24), (16, 32), (16, 48)})
 
 
+
+
+def test_the_vocabulary_trains_on_the_pair_or_on_the_languages_named():
+  data = base_config().data
+  data.max_train_examples = 5
+  train = corpus.read_split(data, "train")
+  assert corpus.vocabulary_text(data, train) == train.src + train.tgt
+  data.vocab_languages = "de, en,cs,de"  # Spaces and a repeat: each language once, in order.
+  cs = corpus.read_split(ml_collections.ConfigDict({**data.to_dict(), "src_lang": "cs"}),
+                         "train")
+  assert corpus.vocabulary_text(data, train) == train.tgt + train.src + cs.src
+  assert len(set(cs.src) & set(train.src)) == 0 and len(cs.src) == 5
+
+
+@pytest.mark.parametrize("languages,corpus_name,expected", [
+    ("de,cs", "multi30k", "config.data.vocab_languages='de,cs' leaves out en, a language of the"
+     " pair; add it: the vocabulary must spell what the run trains on."),
+    ("en,de,fr", "tfds:wmt14_translate/de-en", "config.data.vocab_languages='en,de,fr' reads each"
+     " language's own training file, which a TFDS corpus has not; drop it, or use Multi30k or a"
+     " directory of files."),
+])
+def test_vocabulary_languages_that_cannot_be_read_are_one_line(languages, corpus_name, expected):
+  data = base_config().data
+  data.vocab_languages, data.corpus = languages, corpus_name
+  with pytest.raises(UserError) as raised:
+    corpus.vocabulary_text(data, corpus.ParallelText(["a"], ["b"]))
+  assert str(raised.value) == expected

@@ -138,6 +138,10 @@ REFUSALS = [
      "config.train.init_from={run} holds a vocabulary of config.data.vocab_size=500, not this"
      " run's 300; pass --config.data.vocab_size=500, or start a new run without init_from to"
      " train one of 300."),
+    ("a vocabulary of other languages", lambda r, t: _vocab_languages(_child(r), "de,en,cs"),
+     "config.train.init_from={run} holds a vocabulary of config.data.vocab_languages='', not"
+     " this run's 'de,en,cs'; pass --config.data.vocab_languages=, or start a new run without"
+     " init_from to train one of 'de,en,cs'."),
     ("vocab_from another vocabulary", lambda r, t: _vocab_from(_child(r), _other_vocabulary(r, t)),
      "config.data.vocab_from={tmp}/other is another vocabulary than the parent's"
      " (config.train.init_from={run}), and a run started from a parent takes the parent's; drop"
@@ -195,6 +199,11 @@ def _clip(c):
 
 def _vocab_size(c, size):
   c.data.vocab_size = size
+  return c
+
+
+def _vocab_languages(c, languages):
+  c.data.vocab_languages = languages
   return c
 
 

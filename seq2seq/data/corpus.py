@@ -64,6 +64,32 @@ def read_split(data_config: ml_collections.ConfigDict, split: str) -> ParallelTe
   return text
 
 
+def vocabulary_text(data_config: ml_collections.ConfigDict, train: ParallelText) -> list[str]:
+  """The text a run's SentencePiece model trains on: both sides of its training pairs `train`,
+  or, with `data_config.vocab_languages` ("de,en,cs"), the training text of each language
+  named, its first max_train_examples lines, so that a parent's vocabulary covers the
+  languages of a child that starts from it (config.train.init_from)."""
+  names = list(dict.fromkeys(n.strip() for n in data_config.get("vocab_languages", "").split(",")
+                             if n.strip()))
+  if not names:
+    return train.src + train.tgt
+  field = f"config.data.vocab_languages={data_config.vocab_languages!r}"
+  left_out = [n for n in (data_config.src_lang, data_config.tgt_lang) if n not in names]
+  if left_out:
+    raise UserError(f"{field} leaves out {left_out[0]}, a language of the pair; add it: the"
+                    " vocabulary must spell what the run trains on.")
+  if data_config.corpus.startswith("tfds:"):
+    raise UserError(f"{field} reads each language's own training file, which a TFDS corpus"
+                    " has not; drop it, or use Multi30k or a directory of files.")
+  text = []
+  for name in names:  # Each language beside one of the pair, whose files exist.
+    other = data_config.tgt_lang if name != data_config.tgt_lang else data_config.src_lang
+    pair = ml_collections.ConfigDict({**data_config.to_dict(), "src_lang": name,
+                                      "tgt_lang": other})
+    text += read_split(pair, "train").src
+  return text
+
+
 def _read_multi30k(data_config: ml_collections.ConfigDict, split: str) -> ParallelText:
   directory = Path(data_config.multi30k_dir or _MULTI30K_DIR).expanduser()
   if not directory.is_dir():

@@ -23,7 +23,7 @@ def load(workdir: Path, texts: Callable[[], list[str]],
   if jax.process_index() == 0:
     run, field = source(config)
     if run is not None and not (workdir / workdirs.VOCAB).is_file():
-      check_source(run, d.vocab_size, field)
+      check_source(run, d, field)
       workdirs.copy_vocabulary(run, workdir, field)
     tok = tokenizer.load_or_train(workdir / workdirs.VOCAB, texts, d.vocab_size, seed=VOCAB_SEED)
   multihost_utils.sync_global_devices("tokenizer")
@@ -41,18 +41,22 @@ def source(config: ml_collections.ConfigDict) -> tuple[Path | None, str]:
   return None, ""
 
 
-def check_source(run: Path, vocab_size: int, field: str = "config.data.vocab_from") -> None:
+def check_source(run: Path, data: ml_collections.ConfigDict,
+                 field: str = "config.data.vocab_from") -> None:
   """Raises `UserError` if `run` (named by `field`) trained its vocabulary at another
-  config.data.vocab_size than this run's, which config.json would then misstate."""
+  config.data.vocab_size, or on other config.data.vocab_languages, than this run's `data`
+  asks for, which config.json would then misstate."""
   if not (run / workdirs.CONFIG).is_file():
     return  # workdirs.copy_vocabulary says what is missing.
-  size = workdirs.read_run_config(run).data.vocab_size
-  if size != vocab_size:
-    drop = ("drop vocab_from" if field == "config.data.vocab_from"
-            else "start a new run without init_from")
-    raise UserError(f"{field}={run} holds a vocabulary of config.data.vocab_size={size}, not"
-                    f" this run's {vocab_size}; pass --config.data.vocab_size={size}, or {drop}"
-                    f" to train one of {vocab_size}.")
+  theirs = workdirs.read_run_config(run).data
+  drop = ("drop vocab_from" if field == "config.data.vocab_from"
+          else "start a new run without init_from")
+  for name in ("vocab_size", "vocab_languages"):
+    yours, own = theirs.get(name, ""), data.get(name, "")
+    if yours != own:
+      raise UserError(f"{field}={run} holds a vocabulary of config.data.{name}={yours!r}, not"
+                      f" this run's {own!r}; pass --config.data.{name}={yours}, or {drop} to"
+                      f" train one of {own!r}.")
 
 
 def share(first: Path, others: list[Path]) -> None:

@@ -140,7 +140,7 @@ def _check_vocabulary(config, parent: Path, workdir: Path, checkpoints: Checkpoi
   data.vocab_size, data.vocab_from of another vocabulary, or one already in `workdir`), or a
   parent whose vocabulary is not its checkpoints'; returns the parent's number of pieces."""
   vocab = parent / workdirs.VOCAB
-  vocabulary.check_source(parent, config.data.vocab_size, "config.train.init_from")
+  vocabulary.check_source(parent, config.data, "config.train.init_from")
   if not vocab.is_file():
     raise UserError(f"config.train.init_from={parent}: {vocab} is missing; put it back from a"
                     " copy of the run.")

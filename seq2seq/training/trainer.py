@@ -76,8 +76,8 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
     self.config = config
     train_text, self.val_text = _read_text(config)
-    self.tokenizer = vocabulary.load(workdir, lambda: train_text.src + train_text.tgt,
-                                     config)
+    self.tokenizer = vocabulary.load(
+        workdir, lambda: corpus.vocabulary_text(config.data, train_text), config)
     self.mesh = distributed.make_mesh(config.train.fsdp)
     self.replicated = NamedSharding(self.mesh, P())
     self.data_sharding = distributed.batch_sharding(self.mesh)
