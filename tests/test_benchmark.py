@@ -177,6 +177,45 @@ def test_the_seeds_benchmark_trains_groups_of_each_size(tiny_config):
                                                       rel=1e-2)
 
 
+@pytest.mark.slow  # Compiles and times six train steps of an RNN: over ~7 s.
+def test_the_buckets_benchmark_counts_each_settings_epoch(tiny_config):
+  from seq2seq.data import batching
+
+  tiny_config.model.family, tiny_config.model.attention = "rnn", "general"
+  tiny_config.data.bucket_step, tiny_config.data.max_len = 8, 32  # Lengths pad to 8 ... 32.
+  results = startup.buckets_benchmark(tiny_config, [(1, 512), (2, 512)], steps=1, rounds=1)
+  assert [r["num_buckets"] for r in results] == [1, 2]
+  assert [r["programs"] for r in results] == [len(r["shapes"]) for r in results] == [1, 2]
+  # The real target tokens of an epoch are those of every kept pair, however it is batched.
+  with pytest.MonkeyPatch.context() as patch:
+    trained = []
+    patch.setattr(batching.TrainBatches, "__init__", _recording(trained))
+    startup.buckets_benchmark(tiny_config, [(1, 512)], steps=1, rounds=1)
+  real = sum(len(t) + 1 for t in trained[0])
+  for r in results:
+    assert r["real_target_tokens"] == real
+    padded = sum(rows * length for rows, length in r["shapes"])
+    assert 0 <= r["target_padding"] < 1 and r["epoch_seconds"] > 0 and padded > 0
+  assert results[1]["target_padding"] < results[0]["target_padding"]
+  assert results[1]["speedup_vs_first"] == round(results[1]["target_tokens_per_sec"]
+                                                 / results[0]["target_tokens_per_sec"], 3)
+
+
+def _recording(trained: list):
+  """TrainBatches.__init__, recording the kept target sequences of each plan in `trained`."""
+  from seq2seq.data import batching
+
+  original = batching.TrainBatches.__init__
+
+  def init(self, src_ids, tgt_ids, **kwargs):
+    original(self, src_ids, tgt_ids, **kwargs)
+    limit = kwargs["max_len"]
+    trained.append([t for s, t in zip(src_ids, tgt_ids, strict=True)
+                    if 0 < len(s) < limit and 0 < len(t) < limit])
+
+  return init
+
+
 def test_the_saves_benchmark_times_both_ways_of_saving(tiny_config):
   results = startup.saves_benchmark(tiny_config, saves=2)
   assert [(r["in_background"], r["saves"]) for r in results] == [(False, 1), (True, 1)]

@@ -860,7 +860,7 @@ COMMANDS = [
      " the same checkpoint of every run)."),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
      "flag --mode=['nope']: --mode takes some of train, decode, kv_heads, padding, compile, calls,"
-     " seeds, saves, recurrence, serve (comma-separated)"),
+     " seeds, saves, recurrence, buckets, serve (comma-separated)"),
     ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
      "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],

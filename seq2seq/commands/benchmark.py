@@ -18,6 +18,7 @@ key/value heads, against one per query head. --profile: where the time of each g
       --config=configs/multi30k_transformer_wu2021.py [--threads=1,0] [--steps_per_call=1,4,8] \
       [--seeds=1,2,3]
   seq2seq-benchmark --mode=recurrence --config=configs/multi30k_rnn.py
+  seq2seq-benchmark --mode=buckets --config=configs/multi30k_rnn.py --buckets=2:5504,4:4176
 
 padding: the evaluation grid's padded tokens on the config's validation and test
 splits, against the two lengths per split chosen before it. compile: seconds to
@@ -32,7 +33,9 @@ step against the first's. saves: seconds per checkpoint save of the run's train
 state, waited for and written in the background (the loop's stall, the write). recurrence: an RNN
 config's train step on its first batches, as the model runs it (input products before the
 loop, gates side by side, logits after it) against the cells as written, step by step, in
-turn in one run (speedup_vs_stepwise).
+turn in one run (speedup_vs_stepwise). buckets: real target tokens/s, padding and compiled
+shapes of training at each --buckets setting, NUM_BUCKETS:TOKENS_PER_BATCH (unpacked), each
+shape's step timed in turn and weighed by its share of an epoch (speedup_vs_first).
 
   seq2seq-benchmark --mode=serve --workdir=runs/m30k_transformer [--checkpoint=best] \
       [--clients=32 --requests=500 --serve_batch=8 --beams=4]
@@ -54,8 +57,8 @@ from seq2seq.performance import benchmark, startup
 from seq2seq.serve import EXTRA as SERVE_EXTRA
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode, kv_heads,"
-                          " padding, compile, calls, seeds, saves, recurrence (these six of"
-                          " --config's run), serve (of --workdir's run).")
+                          " padding, compile, calls, seeds, saves, recurrence, buckets (these"
+                          " seven of --config's run), serve (of --workdir's run).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "serve: the run to serve.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "serve: its checkpoint (as"
                                   " seq2seq-serve takes it).")
@@ -67,6 +70,8 @@ _SERVE_BATCH = flags.DEFINE_integer("serve_batch", 8, "serve: the server's --bat
 _CONFIG = define_config_flag()
 _CALLS = flags.DEFINE_list("steps_per_call", ["1", "4", "8"], "calls: steps per call to compare.")
 _SEEDS = flags.DEFINE_list("seeds", ["1", "2", "3"], "seeds: seeds per program to compare.")
+_BUCKETS = flags.DEFINE_list("buckets", ["2:5504", "4:4176"], "buckets: settings to compare,"
+                             " NUM_BUCKETS:TOKENS_PER_BATCH, the first the baseline.")
 _THREADS = flags.DEFINE_list("threads", ["1", "0"], "compile: compiling threads to compare (1: one"
                              " after another; 0: the default pool).")
 _LAYERS = flags.DEFINE_integer("layers", 3, "Encoder and decoder layers.", lower_bound=1)
@@ -96,7 +101,7 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
 
 
 # Of --config's run.
-STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves", "recurrence")
+STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves", "recurrence", "buckets")
 MODES = ("train", "decode", "kv_heads", *STARTUP_MODES, "serve")
 
 
@@ -160,8 +165,8 @@ def _measure() -> None:
 def _startup(modes: list[str]) -> None:
   """The modes that measure --config's run, in this order."""
   if _CONFIG.value is None:
-    raise UserError("--mode=padding, compile, calls, seeds, saves and recurrence measure a run's"
-                    " config; pass --config=configs/<name>.py.")
+    raise UserError("--mode=padding, compile, calls, seeds, saves, recurrence and buckets"
+                    " measure a run's config; pass --config=configs/<name>.py.")
   ints = lambda values: [int(v) for v in values]  # noqa: E731
   measures = {
       "padding": lambda config: startup.padding_benchmark(config),
@@ -170,11 +175,24 @@ def _startup(modes: list[str]) -> None:
       "saves": lambda config: startup.saves_benchmark(config),
       "seeds": lambda config: startup.seeds_benchmark(config, ints(_SEEDS.value)),
       "recurrence": lambda config: startup.recurrence_benchmark(config),
+      "buckets": lambda config: startup.buckets_benchmark(config, _bucket_settings()),
   }
   for mode, measure in measures.items():
     if mode in modes:
       for result in measure(_CONFIG.value):
         print(json.dumps(result), flush=True)
+
+
+def _bucket_settings() -> list[tuple[int, int]]:
+  """--buckets as (data.num_buckets, data.tokens_per_batch) pairs."""
+  settings = []
+  for spec in _BUCKETS.value:
+    buckets, _, tokens = spec.partition(":")
+    if not (buckets.isdigit() and tokens.isdigit() and int(tokens) > 0):
+      raise UserError(f"--buckets={spec} is not NUM_BUCKETS:TOKENS_PER_BATCH; e.g."
+                      " --buckets=2:5504,4:4176 (0 buckets: one per length step).")
+    settings.append((int(buckets), int(tokens)))
+  return settings
 
 
 def _serve() -> None:

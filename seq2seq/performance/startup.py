@@ -276,3 +276,73 @@ def recurrence_benchmark(config: ml_collections.ConfigDict, steps: int = 8,
   results.append({"benchmark": "recurrence", "speedup_vs_stepwise": round(best["stepwise"] /
                                                                    best["ours"], 3)})
   return results
+
+
+def buckets_benchmark(config: ml_collections.ConfigDict, settings: list[tuple[int, int]],
+                      steps: int = 3, rounds: int = 5) -> list[dict]:
+  """Real target tokens/s of the config's training at each (data.num_buckets,
+  data.tokens_per_batch) of `settings`, the padding each leaves, and what it compiles.
+
+  Each setting's train step is compiled for each of its shapes (the first call's seconds, as a
+  run's start pays them), then timed on `steps` batches of every shape, the settings in turn
+  for `rounds` rounds, keeping each shape's fastest. An epoch's time is then the sum over its
+  batches of their shape's step time, and the setting's figure is the epoch's real target
+  tokens (EOS counted) over that time: what a run of the setting trains per second, over the
+  epoch's mix of shapes, without timing every batch of it."""
+  with tempfile.TemporaryDirectory() as scratch:
+    measured = [_bucket_setting(config, Path(scratch) / str(i), *setting, steps)
+                for i, setting in enumerate(settings)]
+    best = [dict.fromkeys(m[3], float("inf")) for m in measured]
+    for _ in range(rounds):
+      for fastest, (*_, timed, step_fn, state, key, _first) in zip(best, measured, strict=True):
+        for shape, batches in timed.items():
+          start = time.perf_counter()
+          jax.block_until_ready([step_fn(state, b, key)[1] for b in batches])
+          fastest[shape] = min(fastest[shape], (time.perf_counter() - start) / len(batches))
+  results = []
+  for fastest, (num_buckets, tokens_per_batch, real, count, *_, first) in zip(best, measured,
+                                                                              strict=True):
+    epoch = sum(count[s] * fastest[s] for s in count)
+    padded = sum(count[s] * s[0] * s[1] for s in count)
+    results.append({
+        "benchmark": "buckets", "num_buckets": num_buckets, "tokens_per_batch": tokens_per_batch,
+        "shapes": sorted(count), "batches_per_epoch": sum(count.values()),
+        "real_target_tokens": real, "real_target_tokens_per_batch": round(
+            real / sum(count.values()), 1),
+        "target_padding": round(1 - real / padded, 4), "epoch_seconds": round(epoch, 2),
+        "target_tokens_per_sec": round(real / epoch, 1),
+        "first_call_seconds": round(sum(first.values()), 2), "programs": len(count),
+        "steps": steps, "rounds": rounds, "cores": os.cpu_count()})
+  for result in results[1:]:
+    result["speedup_vs_first"] = round(result["target_tokens_per_sec"]
+                                       / results[0]["target_tokens_per_sec"], 3)
+  return results
+
+
+def _bucket_setting(config: ml_collections.ConfigDict, workdir: Path, num_buckets: int,
+                    tokens_per_batch: int, steps: int) -> tuple:
+  """One setting of `buckets_benchmark`: (num_buckets, tokens_per_batch, its first epoch's
+  real target tokens, its batches per shape, `steps` device batches per shape, its compiled
+  step, a train state, the dropout key, each shape's first call in seconds)."""
+  setting = ml_collections.ConfigDict(config.to_dict())
+  setting.data.num_buckets, setting.data.tokens_per_batch = num_buckets, tokens_per_batch
+  trainer = Trainer(setting, workdir)
+  plan = trainer.train_batches
+  real, count, timed = 0, {}, {}
+  for step in range(plan.batches_per_epoch):  # The first epoch: its real tokens and mix.
+    batch = plan(step)
+    shape = tuple(batch["tgt_out"].shape)
+    real += int((batch["tgt_out"] != 0).sum())
+    count[shape] = count.get(shape, 0) + 1
+    if len(timed.setdefault(shape, [])) < steps:
+      timed[shape].append(trainer.to_device(batch))
+  step_fn = jax.jit(functools.partial(train_steps.train_step, graphdef=trainer.graphdef,
+                                      optimizer=trainer.optimizer, train=setting.train))
+  state = trainer.new_state()
+  first = {}
+  for shape, batches in timed.items():  # Compiles: a run's start pays this.
+    start = time.perf_counter()
+    jax.block_until_ready(step_fn(state, batches[0], trainer.dropout_key))
+    first[shape] = time.perf_counter() - start
+  return (num_buckets, tokens_per_batch, real, count, timed, step_fn, state,
+          trainer.dropout_key, first)
