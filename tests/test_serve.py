@@ -4,8 +4,12 @@ browser (Debian's chromium, driven by Playwright)."""
 
 import concurrent.futures
 import functools
+import io
 import json
+import logging
+import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -19,6 +23,7 @@ pytest.importorskip("fastapi", reason="the server's tests need: pip install -e '
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from seq2seq import config as config_lib  # noqa: E402
 from seq2seq.compare.comparison import run_names  # noqa: E402
 from seq2seq.data.special_ids import BOS_ID, EOS_ID  # noqa: E402
 from seq2seq.decoding import search  # noqa: E402
@@ -28,7 +33,7 @@ from seq2seq.models import build_model  # noqa: E402
 from seq2seq.performance.serving import clients_per_thread  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
 from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
-from seq2seq.serve.engine import Engine, Limits, ServedRun  # noqa: E402
+from seq2seq.serve.engine import Engine, Limits, ServedRun, compile_runs  # noqa: E402
 from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
 
 SENTENCES = [source for source, _ in VAL]
@@ -50,23 +55,62 @@ def names(runs):
   return run_names(runs)
 
 
+class _StartUp(logging.Handler):
+  """Keeps each line the server logs, with how many programs JAX had compiled (or read from
+  the persistent cache) by then: (line, programs so far)."""
+
+  def __init__(self, counts):
+    super().__init__(logging.INFO)
+    self.counts, self.lines = counts, []
+
+  def emit(self, record):
+    self.lines.append((record.getMessage(), sum(self.counts.compiled.values())
+                       + sum(self.counts.cached.values())))
+
+
 @pytest.fixture(scope="module")
-def engine(runs, names):
+def start_up(runs, names):
+  """The runs served, compiled as seq2seq-serve compiles them (`compile_runs`), and the lines
+  it logged on the way (`_StartUp`)."""
   # The first run at two beams; the other greedy only: fewer programs to compile.
   served = [ServedRun(names[0], runs[0], "latest", [1, 3], 0.6, BATCH, MAX_SUBWORDS),
             ServedRun(names[1], runs[1], "latest", [1], 0.6, BATCH, MAX_SUBWORDS)]
-  for run in served:
-    run.compile_ahead()
-  engine = Engine(served, Limits(max_lines=50, max_chars=200)).start()
+  logger = logging.getLogger("seq2seq")
+  level = logger.level
+  with compiling.counting() as counts:
+    handler = _StartUp(counts)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+      compile_runs(served)
+    finally:
+      logger.removeHandler(handler)
+      logger.setLevel(level)
+  return served, handler.lines
+
+
+@pytest.fixture(scope="module")
+def engine(start_up):
+  engine = Engine(start_up[0], Limits(max_lines=50, max_chars=200)).start()
   yield engine
   engine.close()
 
 
-def test_start_up_says_how_many_programs_each_run_compiles(engine):
-  """seq2seq-serve prints 'Compiling N programs for RUN' before each run's (possibly long)
-  compilation: N is what compile_ahead then reports."""
-  for run in engine.runs.values():
-    assert run.programs() == run.compile_ahead() > 0  # Compiled by the fixture: cached now.
+def test_start_up_says_how_many_programs_each_run_compiles(start_up, names):
+  """seq2seq-serve's start-up line 'Compiling N programs for RUN (run i of n; ...)', logged
+  before each run's (possibly long) compilation: N is how many programs JAX compiles, or
+  reads from the persistent cache, before the run's next line (counted by JAX's compilation
+  events, not from the grid that N is computed from)."""
+  lines = start_up[1]
+  assert len(lines) == 2 * len(names), lines
+  for i, name in enumerate(names):
+    (said, before), (done, after) = lines[2 * i], lines[2 * i + 1]
+    found = re.fullmatch(rf"Compiling (\d+) programs for {re.escape(name)} \(run {i + 1} of"
+                         rf" {len(names)}; a second start reads them from the cache\) \.\.\.",
+                         said)
+    assert found, said
+    assert int(found[1]) == after - before > 0, (said, after - before)
+    assert done.startswith(f"{name}: {found[1]} programs compiled")
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +158,38 @@ def test_translations_equal_seq2seq_translate_byte_for_byte(client, runs, tmp_pa
       capture_output=True, text=True, env=ENV, timeout=300, check=True)
   answer = client.post("/translate", json={"text": SENTENCES * 5, "run": names[0],
                                            "beam": 3})
+  served = "".join(t + "\n" for t in answer.json()["translations"])
+  assert served.encode("utf-8") == command.stdout.encode("utf-8")
+
+
+@pytest.mark.slow  # Over ~7 s: compiles the server's searches at batch 8, starts a command.
+def test_answers_equal_seq2seq_translate_at_their_default_batch_sizes(runs, tmp_path):
+  """docs/evaluation.md's promise, at each side's default batch size: seq2seq-serve's
+  --batch_size (8) and seq2seq-translate's, the run's config.eval.batch_size (128 by
+  default; the session run's config says 64, so a copy says 128). 40 sentences: five
+  batches of 8 against one of 128."""
+  serve_batch = int(re.search(r'DEFINE_integer\("batch_size", (\d+),', (
+      ROOT / "seq2seq" / "commands" / "serve.py").read_text(encoding="utf-8"))[1])
+  translate_batch = config_lib.base_config().eval.batch_size
+  assert (serve_batch, translate_batch) == (8, 128)
+  workdir = tmp_path / "run"
+  shutil.copytree(runs[0], workdir, ignore=shutil.ignore_patterns("eval"))
+  config = json.loads((workdir / "config.json").read_text(encoding="utf-8"))
+  config["eval"]["batch_size"] = translate_batch
+  (workdir / "config.json").write_text(json.dumps(config), encoding="utf-8")
+  source = tmp_path / "in.en"
+  source.write_text("".join(s + "\n" for s in SENTENCES * 5), encoding="utf-8")
+  command = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "translate.py"), f"--workdir={workdir}",
+       "--checkpoint=latest", "--beam_size=3", f"--input={source}"],
+      capture_output=True, text=True, env=ENV, timeout=300, check=True)
+  engine = Engine([ServedRun("run", workdir, "latest", [3], 0.6, serve_batch,
+                             MAX_SUBWORDS)]).start()
+  try:
+    with TestClient(create_app(engine)) as client:
+      answer = client.post("/translate", json={"text": SENTENCES * 5})
+  finally:
+    engine.close()
   served = "".join(t + "\n" for t in answer.json()["translations"])
   assert served.encode("utf-8") == command.stdout.encode("utf-8")
 
@@ -229,12 +305,15 @@ HOSTILE = [  # (body with {run} for the run's name, status, the answer's one lin
     ("[" * 100_000 + "]" * 100_000, 400,
      'the body nests deeper than the JSON parser follows; send an object of the documented'
      ' shape, such as {"text": ["A dog runs."]}.'),
+    ('{{"text": ["A dog."], "beam": ' + "1" * 5000 + ', "run": "{run}"}}', 400,
+     "the body holds a number of 5000 digits, more than the JSON parser reads (4300); the"
+     " numbers of a request (beam, nbest) are small whole numbers."),
 ]
 
 
 @pytest.mark.parametrize("body, status, detail", HOSTILE, ids=[
     "lone surrogate", "control character", "target surrogate", "beam true", "attention yes",
-    "text a number", "not utf-8", "100,000 deep"])
+    "text a number", "not utf-8", "100,000 deep", "5,000 digits"])
 def test_hostile_bodies_are_a_4xx_with_one_line_and_the_server_stays_up(client, names, body,
                                                                         status, detail):
   content = body if isinstance(body, bytes) else body.format(run=names[0]) if "{run}" in body \
@@ -247,6 +326,57 @@ def test_hostile_bodies_are_a_4xx_with_one_line_and_the_server_stays_up(client, 
   if detail is not None:
     assert line == detail
   assert client.post("/translate", json={"text": ["A dog."], "run": names[0]}).status_code == 200
+
+
+@pytest.mark.parametrize("headers, detail", [
+    ({"Content-Type": "application/x-www-form-urlencoded"},  # What curl -d sends.
+     "the body is sent as application/x-www-form-urlencoded, so it is not read as JSON; send"
+     " the header Content-Type: application/json (curl: -H 'Content-Type: application/json')."),
+    ({}, "the body comes without a Content-Type header, so it is not read as JSON; send the"
+         " header Content-Type: application/json (curl: -H 'Content-Type: application/json')."),
+], ids=["curl -d", "no header"])
+def test_a_body_not_sent_as_json_is_told_the_header(client, names, headers, detail):
+  body = json.dumps({"text": ["A dog."], "run": names[0]})
+  answer = client.post("/translate", content=body, headers=headers)
+  assert (answer.status_code, answer.json()) == (415, {"detail": detail})
+
+
+def _exchange(url: str, head: bytes, chunks=()) -> tuple[int, dict]:
+  """POST /translate over a socket of its own: the request line and `head` (header lines),
+  then each of `chunks` in chunked encoding, never the last (empty) one; then the answer's
+  status and JSON, which must come, and the connection close, within 5 s."""
+  host, port = url.removeprefix("http://").split(":")
+  with socket.create_connection((host, int(port)), timeout=5) as connection:
+    connection.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+    for chunk in chunks:
+      connection.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    answer = b""
+    while data := connection.recv(65536):  # Until the server closes the connection.
+      answer += data
+  head, _, body = answer.partition(b"\r\n\r\n")
+  return int(head.split()[1]), json.loads(body)
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(engine):
+  """Whatever its Content-Type, a body longer than a request within the limits can need is a
+  413 in the server's shape: at once by its Content-Length (the 200 MB it declares never
+  sent), and, sent chunked without one, once it passes the limit. (FastAPI read every body
+  whole: 200 MB bodies took the server from 1.17 to 2.93 GB.)"""
+  most = engine.limits.max_bytes
+  assert most < 2_000_000
+  with serving_in_background(create_app(engine)) as url:
+    status, answer = _exchange(url, b"Content-Type: text/plain\r\nContent-Length: 200000000"
+                                    b"\r\n")
+    assert (status, answer) == (413, {"detail": (
+        f"the body is 200000000 bytes long (its Content-Length); this server reads at most"
+        f" {most} bytes (what --max_lines sentences of --max_chars characters can need): send"
+        " fewer or shorter sentences per request.")})
+    # One byte over, all of it read by the server: a close with bytes unread would be a reset.
+    chunks = [b"x" * 65536] * (most // 65536) + [b"x" * (most % 65536 + 1)]
+    status, answer = _exchange(url, b"Content-Type: application/json\r\n"
+                                    b"Transfer-Encoding: chunked\r\n", chunks)
+    assert status == 413 and answer["detail"].startswith(
+        f"the body is longer than {most} bytes, the most this server reads")
 
 
 LONG = " ".join(["dog"] * 40)  # 159 characters, more than 31 subwords.
@@ -397,6 +527,59 @@ def test_the_api_is_described_as_openapi_3_0_which_the_bundled_swagger_ui_reads(
   assert request["text"]["example"] == ["A dog runs on the beach."]
   assert "examples" not in request["text"]
   assert "/translate" in spec["paths"]
+
+
+def test_the_api_declares_the_refusals_it_answers_with(client, names):
+  """/docs lists the 4xx answers POST /translate gives, each in the server's one shape
+  (`{"detail": "<one line>"}`), not FastAPI's 422 list of errors, which it never sends."""
+  spec = client.get("/openapi.json").json()
+  responses = spec["paths"]["/translate"]["post"]["responses"]
+  refusal = {"$ref": "#/components/schemas/Refusal"}
+  assert set(responses) == {"200", "400", "404", "413", "415", "422"}
+  for status, declared in responses.items():
+    if status != "200":
+      assert declared["content"]["application/json"]["schema"] == refusal, status
+  detail = spec["components"]["schemas"]["Refusal"]["properties"]["detail"]
+  assert detail["type"] == "string" and spec["components"]["schemas"]["Refusal"][
+      "required"] == ["detail"]
+  assert "HTTPValidationError" not in spec["components"]["schemas"]
+  for body, status in (({"text": []}, 400), ({"text": ["A dog."], "run": "nope"}, 404),
+                       ({"text": ["A dog."] * 51}, 413), ({"text": 5}, 422)):
+    answer = client.post("/translate", json={"run": names[0], **body})
+    assert answer.status_code == status and list(answer.json()) == ["detail"]
+    assert isinstance(answer.json()["detail"], str)
+
+
+def test_scores_are_described_as_what_they_are(client):
+  """A score is the log-probability over the GNMT length penalty, not per length: so say the
+  API's description and docs/evaluation.md's "Serving" (the page: the browser tests)."""
+  spec = client.get("/openapi.json").json()
+  serving = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8").split(
+      "## Serving")[1]
+  for text in (json.dumps(spec), serving):
+    assert "per length" not in text and "length-normalized" not in text
+  scores = spec["components"]["schemas"]["TranslateResponse"]["properties"]["scores"]
+  assert "divided by the GNMT length penalty ((5 + length) / 6) ** alpha" in (
+      scores["description"])
+  assert "divided by the GNMT length penalty" in serving
+
+
+def test_a_target_the_vocabulary_cannot_spell_is_scored_with_a_warning(client, names):
+  """Its characters the vocabulary lacks are each scored as <unk> (the tokenizer's): the answer
+  says so for that sentence, and names them."""
+  target = "Ein Hund \u2603 l\u00e4uft."  # A snowman: not in the session run's vocabulary.
+  answer = client.post("/translate", json={"text": SENTENCES[:2], "run": names[0],
+                                           "target": [VAL[0][1], target]})
+  assert answer.status_code == 200, answer.text
+  body = answer.json()
+  assert body["translations"] == [VAL[0][1], target] and body["scores"][1] < 0
+  assert body["warnings"] == [None, (
+      f"the target of sentence 2 holds '\u2603' (U+2603), which the vocabulary of {names[0]}"
+      " lacks: each is scored as <unk>, whose probability says nothing of the character (such"
+      " a target can outscore a real translation); replace or remove it.")]
+  plain = client.post("/translate", json={"text": SENTENCES[:1], "run": names[0],
+                                          "target": [VAL[0][1]]}).json()
+  assert "warnings" not in plain
 
 
 def test_32_concurrent_clients_get_every_answer_right(engine, runs, names):
@@ -552,11 +735,80 @@ def test_panels_share_the_sentence_layer_head_and_hover(explorer, names):
   shaded = page.eval_on_selector_all("#panel-b .source-line span",
                                      "spans => spans.map(s => s.style.background)")
   assert all(shaded)
+  # The score says what it is: the log-probability over the length penalty, not per length.
+  assert page.inner_text("#panel-a .score") == (
+      f"(score {api[0]['scores'][1]:.3f}: log-probability / GNMT length penalty, alpha 0.6)")
+  # A sentence typed but not translated is in its box alone: a click on a thumbnail (or any
+  # picker) writes the address from what the maps show.
+  page.fill("#source", "A sentence typed after the translation.")
+  page.click("#panel-a canvas.thumb[data-head='2']")
+  permalink = page.url
+  assert _address(permalink)["text"] == "\n".join(SENTENCES[:2])
   # The view is a permalink: the address restores it, translated again.
-  page.goto(page.url)
+  page.goto("about:blank")
+  page.goto(permalink)
   page.wait_for_function("document.querySelector('#status').textContent === 'Done.'")
-  assert page.input_value("#head") == "mean"
+  assert page.input_value("#head") == "2" and page.input_value("#source") == "\n".join(
+      SENTENCES[:2])
   assert page.eval_on_selector("#sentences li.current", "li => li.textContent") == SENTENCES[1]
+  expected = api[0]["attention"][1]["weights"][0][1]
+  np.testing.assert_allclose(_cells(page, "panel-a"), np.ravel(expected), atol=1e-4)
+
+
+def _address(url: str) -> dict:
+  """The state the explorer's address holds (after its '#')."""
+  from urllib.parse import parse_qs
+  return {k: v[0] for k, v in parse_qs(url.partition("#")[2], keep_blank_values=True).items()}
+
+
+def _rgb(css: str) -> np.ndarray:
+  """A CSS colour as the page computes it, `rgb(r, g, b)` or `rgba(r, g, b, a)`, as the
+  colour it shows on white."""
+  parts = [float(p) for p in re.findall(r"[\d.]+", css)]
+  alpha = parts[3] if len(parts) > 3 else 1.0
+  return np.asarray(parts[:3]) * alpha + 255 * (1 - alpha)
+
+
+def _bar_colour(bar: dict, value: float) -> np.ndarray:
+  """The colour the colour bar shows at `value`, on white: its gradient's stops (evenly
+  spaced, as the page writes them), premultiplied and interpolated as CSS does, at `value`'s
+  place between the bar's two labelled ends."""
+  stops = [np.asarray([float(p) for p in re.findall(r"[\d.]+", c)] + [1.0])[:4]
+           for c in re.findall(r"rgba?\([^)]*\)", bar["gradient"])]
+  stops = [np.concatenate([stop[:3] * stop[3], stop[3:]]) for stop in stops]
+  where = (value - bar["low"]) / (bar["high"] - bar["low"]) * (len(stops) - 1)
+  k = min(int(where), len(stops) - 2)
+  r, g, b, a = stops[k] + (where - k) * (stops[k + 1] - stops[k])
+  return np.asarray([r, g, b]) + 255 * (1 - a)
+
+
+def _colour_bar(page, panel: str) -> dict:
+  return page.eval_on_selector(f"#{panel} .colour-bar", """bar => ({
+    low: Number(bar.querySelector('.low').textContent),
+    high: Number(bar.querySelector('.high').textContent),
+    gradient: getComputedStyle(bar.querySelector('.scale')).backgroundImage,
+    legend: bar.querySelector('.about').textContent})""")
+
+
+def test_each_maps_colour_bar_is_the_scale_its_cells_are_drawn_on(explorer, names):
+  """Every cell has the colour its colour bar shows at the cell's value, on each run's map
+  (0 to 1: a map whose weights peak at 0.3 is pale, and its bar says so) and on the
+  difference's (minus to plus its largest difference)."""
+  page, url, _ = explorer
+  _open(page, url, SENTENCES[1], compare="reference", reference=VAL[1][1])
+  page.wait_for_selector("#panel-diff table.heatmap")
+  for panel in ("panel-a", "panel-b", "panel-diff"):
+    bar = _colour_bar(page, panel)
+    cells = page.eval_on_selector_all(f"#{panel} table.heatmap td", """cells => cells.map(
+        c => [Number(c.dataset.w), getComputedStyle(c).backgroundColor])""")
+    values = np.asarray([w for w, _ in cells])
+    assert bar["low"] <= values.min() and values.max() <= bar["high"]
+    for value, css in cells:
+      np.testing.assert_allclose(_rgb(css), _bar_colour(bar, value), atol=2.5,
+                                 err_msg=f"{panel}: {value} on a bar of {bar}")
+  assert (_colour_bar(page, "panel-a")["low"], _colour_bar(page, "panel-a")["high"]) == (0, 1)
+  assert f"red, A ({names[0]}) attends more; blue, B ({names[1]})" in _colour_bar(
+      page, "panel-diff")["legend"]
 
 
 def test_two_runs_forced_on_one_reference_share_axes_and_their_difference_is_a_minus_b(
@@ -580,14 +832,63 @@ def test_two_runs_forced_on_one_reference_share_axes_and_their_difference_is_a_m
     page.click("#panel-a button.export[data-format=JSON]")
   exported = json.loads(open(download.value.path()).read())
   np.testing.assert_allclose(exported["weights"], a, atol=1e-4)
+  assert (exported["runs"], exported["text"], exported["scale"]["low"],
+          exported["scale"]["high"]) == ([names[0]], SENTENCES[1], 0, 1)
+  figures = {}
   for format in ("PNG", "SVG"):
     with page.expect_download() as download:
       page.click(f"#panel-diff button.export[data-format={format}]")
-    assert open(download.value.path(), "rb").read(4) in (b"\x89PNG", b"<svg")
+    figures[format] = open(download.value.path(), "rb").read()
+  _stands_alone(page, figures, names, a - b)
+
+
+def test_a_target_the_vocabulary_cannot_spell_is_a_warning_on_the_page(explorer, names):
+  page, url, _ = explorer
+  _open(page, url, SENTENCES[1], compare="reference", reference="Ein Hund \u2603 l\u00e4uft.")
+  assert page.eval_on_selector("#status", "s => s.className") == "warning"
+  assert page.inner_text("#status").startswith(
+      f"Done, with 2 warnings (each panel shows its own): {names[0]}: the target of sentence 1"
+      f" holds '\u2603' (U+2603), which the vocabulary of {names[0]} lacks:")
+  for name, panel in zip(names, ("panel-a", "panel-b"), strict=True):
+    assert page.inner_text(f"#{panel} .warning").startswith(
+        f"Warning: the target of sentence 1 holds '\u2603' (U+2603), which the vocabulary of"
+        f" {name} lacks")
+
+
+def _stands_alone(page, figures: dict, names, difference):
+  """The difference's exported SVG names both runs, the sentence, and which sign is which;
+  it has the colour bar, labelled with its range; every word of it lies inside the picture;
+  and the PNG is that SVG drawn at twice its size."""
+  from PIL import Image
+
+  svg = figures["SVG"].decode("utf-8")
+  most = float(f"{np.abs(difference).max():.3g}")
+  for text in (f"{names[0]} minus {names[1]}", f"Sentence 1: {SENTENCES[1]}",
+               f"red, A ({names[0]}) attends more; blue, B ({names[1]}) does",
+               'fill="url(#scale)"', f">{-most:g}<", f">{most:g}<"):
+    assert text in svg, text
+  outside = page.evaluate("""svg => {
+    const box = document.createElement('div');
+    box.innerHTML = svg;
+    document.body.append(box);
+    const picture = box.firstChild.getBoundingClientRect(), out = [];
+    for (const text of box.querySelectorAll('text')) {
+      const r = text.getBoundingClientRect();
+      if (r.left < picture.left - 0.5 || r.right > picture.right + 0.5
+          || r.top < picture.top - 0.5 || r.bottom > picture.bottom + 0.5)
+        out.push(text.textContent);
+    }
+    box.remove();
+    return out;
+  }""", svg)
+  assert outside == []
+  width, height = (int(v) for v in re.search(r'width="(\d+)" height="(\d+)"', svg).groups())
+  with Image.open(io.BytesIO(figures["PNG"])) as png:
+    assert png.size == (2 * width, 2 * height)
 
 
 def test_the_page_reports_failures_in_its_own_terms(explorer, names):
-  page, url, client = explorer
+  page, url, _ = explorer
   too_long = " ".join(["dog"] * 70)  # Over the runs' 63 subwords.
   _open(page, url, SENTENCES[0] + "\n" + too_long)
   page.wait_for_selector("#panel-a table.heatmap")  # The first line translated.
@@ -595,8 +896,34 @@ def test_the_page_reports_failures_in_its_own_terms(explorer, names):
                                "li => li.classList.contains('failed')")
   page.click("#sentences li:nth-child(2)")
   assert page.inner_text("#panel-a .error").startswith("Line 2: sentence 2 is ")
-  # Over the page's own limits: refused before sending, counted from 1, with the fix.
-  _open(page, url, "\n".join([SENTENCES[0], "x" * 401]))
+  # Compared on A's translation, the line A could not translate says why, as without compare.
+  _open(page, url, SENTENCES[0] + "\n" + too_long, compare="a")
+  page.wait_for_selector("#panel-diff table.heatmap")
+  page.click("#sentences li:nth-child(2)")
+  for panel in ("panel-a", "panel-b"):
+    assert re.fullmatch(rf"Line 2: sentence 2 is \d+ subwords long; {re.escape(names[0])}"
+                        rf" translates up to {BROWSER_SUBWORDS}: shorten or split it\.",
+                        page.inner_text(f"#{panel} .error")), page.inner_text(f"#{panel} .error")
+  # A refusal keeps the maps on screen, and says why in the server's words.
+  page.click("#sentences li:nth-child(1)")
+  cells, permalink = _cells(page, "panel-a"), page.url
+  page.fill("#source", too_long)
+  page.click("#translate")
+  page.wait_for_function("document.querySelector('#status').className === 'error'")
+  assert re.fullmatch(rf"{re.escape(names[0])}: sentence 1 is \d+ subwords long; .* shorten or"
+                      r" split it\. \(The maps shown are still the last translation's\.\)",
+                      page.inner_text("#status")), page.inner_text("#status")
+  assert page.is_visible("#panel-a table.heatmap") and _cells(page, "panel-a") == cells
+  assert page.url == permalink
+  # Over the page's own limits: refused before sending, counted from 1, with the fix; the maps
+  # of the last translation stay.
+  page.fill("#source", "\n".join([SENTENCES[0], "x" * 401]))
+  page.click("#translate")
+  assert page.inner_text("#status") == ("Line 2 has 401 characters; this server takes at most"
+                                        " 400 per line: shorten it. (The maps shown are still"
+                                        " the last translation's.)")
+  assert _cells(page, "panel-a") == cells
+  _open(page, url, "\n".join([SENTENCES[0], "x" * 401]))  # A fresh page: no maps to keep.
   assert page.inner_text("#status") == ("Line 2 has 401 characters; this server takes at most"
                                         " 400 per line: shorten it.")
   assert page.is_hidden("#result")

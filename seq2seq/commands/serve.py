@@ -18,7 +18,6 @@ translated together, in batches of --batch_size.
 
 import logging
 import socket
-import time
 
 from absl import flags
 
@@ -112,7 +111,7 @@ def main(argv):
     import uvicorn  # The [serve] extra: imported once the flags are known to be good.
 
     from seq2seq.serve.app import create_app
-    from seq2seq.serve.engine import Engine, Limits, check_workdirs, load_runs
+    from seq2seq.serve.engine import Engine, Limits, check_workdirs, compile_runs, load_runs
 
     check_workdirs(_WORKDIR.value)  # Before the line below: a bad list prints only its error.
 
@@ -120,13 +119,7 @@ def main(argv):
              "s" if len(_WORKDIR.value) > 1 else "", ", ".join(_WORKDIR.value))
     runs = load_runs(_WORKDIR.value, _CHECKPOINT.value, beams, _ALPHA.value, _BATCH.value,
                      _MAX_SUBWORDS.value)
-    for i, run in enumerate(runs, start=1):
-      start = time.perf_counter()
-      log.info("Compiling %d programs for %s (run %d of %d; a second start reads them from the"
-               " cache) ...", run.programs(), run.name, i, len(runs))
-      count = run.compile_ahead()
-      log.info("%s: %d programs compiled (or read from the cache) in %.1f s.", run.name, count,
-               time.perf_counter() - start)
+    compile_runs(runs)  # Says how many programs each run compiles, before it does.
     engine = Engine(runs, Limits(_MAX_LINES.value, _MAX_CHARS.value)).start()
     host = f"[{_HOST.value}]" if ":" in _HOST.value else _HOST.value
     ready = (f"Serving {', '.join(r.name for r in runs)} at http://{host}:{_PORT.value}/ (the"

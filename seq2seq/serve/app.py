@@ -5,12 +5,18 @@
   POST /translate   sentences in, translations (and scores, n-best lists, attention) out
   GET  /docs        the OpenAPI page (Swagger UI from the swagger-ui-bundle package)
 
-Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}`.
+Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}` (`Refusal`,
+declared as such in the OpenAPI description); a body longer than a request within the limits
+can need is refused by its Content-Length, or as it streams in, before it is read whole
+(`BodyLimit`).
 """
 
 import contextlib
 import ipaddress
+import json
+import re
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -44,14 +50,19 @@ class TranslateRequest(BaseModel):
                                              " translation.")
   target: list[str] | str | None = Field(
       None, description="Forced decoding: one translation per sentence, scored instead of"
-                        " searched; the answer holds them as given, with their"
-                        " length-normalized log-probabilities under the run (and their"
-                        " attention). beam and nbest do not apply.")
+                        " searched; the answer holds them as given, with their scores under"
+                        " the run (and their attention). beam and nbest do not apply.")
+
+
+# What a score is, wherever one is described: not a per-subword mean.
+SCORE = ("the log-probability of the subwords and </s> under the run, divided by the GNMT"
+         " length penalty ((5 + length) / 6) ** alpha, at the served --alpha (GET /runs), as"
+         " the beam search ranks its hypotheses")
 
 
 class Hypothesis(BaseModel):
   translation: str
-  score: float
+  score: float = Field(description=f"Its score: {SCORE}.")
 
 
 class Attention(BaseModel):
@@ -80,13 +91,34 @@ class TranslateResponse(BaseModel):
   translations: list[str | None] = Field(
       description="The best translation of each sentence, in order (with 'target': the"
                   " targets given); null for a sentence that failed (see 'errors').")
-  scores: list[float | None] = Field(description="Their length-normalized log-probabilities.")
+  scores: list[float | None] = Field(description=f"Their scores: {SCORE}.")
   nbest: list[list[Hypothesis] | None] | None = Field(None, description="With nbest > 1: each"
                                                                         " sentence's n best.")
   attention: list[Attention | None] | None = None
   errors: list[str | None] | None = Field(
       None, description="Present when some sentences failed alone (longer than the run"
                         " translates): per sentence, why, or null. The others are answered.")
+  warnings: list[str | None] | None = Field(
+      None, description="Present when some answers need a caveat (a target holding characters"
+                        " the run's vocabulary lacks, scored as <unk>): per sentence, which,"
+                        " or null.")
+
+
+class Refusal(BaseModel):
+  """The body of every refused request."""
+  detail: str = Field(description="Why, in one line that names the fix.",
+                      examples=["'text' holds no sentence; send at least one."])
+
+
+# The refusals POST /translate answers with, for the OpenAPI description (FastAPI would
+# declare only a 422 of its own shape, which this server never sends).
+REFUSALS = {status: {"model": Refusal, "description": about} for status, about in (
+    (400, "A request the server cannot answer as sent: an empty sentence, a beam not served,"
+          " a body that is not UTF-8 or not parseable, ..."),
+    (404, "A run not served here."),
+    (413, "Over a limit: sentences, characters, subwords, or the body's bytes."),
+    (415, "A body not sent as JSON (no Content-Type: application/json header)."),
+    (422, "A field missing, unknown, or of the wrong type."))}
 
 
 def is_loopback(host: str) -> bool:
@@ -103,6 +135,12 @@ def _unparsable(error: HTTPException) -> str | None:
   """Why a body could not be parsed at all, in one line, where FastAPI says only that it
   could not (the cause it raised from)."""
   cause = error.__cause__
+  digits = re.search(r"value has (\d+) digits", str(cause)) if isinstance(cause, ValueError) \
+      else None
+  if digits:  # Python reads at most sys.get_int_max_str_digits() digits of an integer.
+    return (f"the body holds a number of {digits[1]} digits, more than the JSON parser reads"
+            f" ({sys.get_int_max_str_digits()}); the numbers of a request (beam, nbest) are"
+            " small whole numbers.")
   if isinstance(cause, UnicodeDecodeError):
     return (f"the body is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at position"
             f" {cause.start}); send JSON encoded in UTF-8.")
@@ -168,20 +206,59 @@ def serving_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0):
     thread.join(timeout=60)
 
 
-def create_app(engine: Engine) -> FastAPI:
-  """The server's routes over `engine` (started by the caller)."""
-  app = FastAPI(title="seq2seq", description="Translate with trained runs; see their"
-                                             " attention.", docs_url=None, redoc_url=None)
-  app.mount("/static", StaticFiles(directory=STATIC), name="static")
-  describe = app.openapi
+class BodyLimit:
+  """ASGI middleware that refuses (413, the server's shape) a body over `most` bytes: by its
+  Content-Length before a byte is read, or, sent without one (chunked), once the bytes read
+  pass `most`. A body within it is read here and handed on whole. FastAPI reads every body
+  whole before it looks at its Content-Type: without this, any client could make the server
+  hold as much as it sends."""
 
-  def openapi_3_0() -> dict:
-    if app.openapi_schema is None:
-      app.openapi_schema = as_openapi_3_0(describe())
-    return app.openapi_schema
+  def __init__(self, app, most: int):
+    self.app, self.most = app, most
 
-  app.openapi = openapi_3_0
-  app.mount("/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+  async def __call__(self, scope, receive, send) -> None:
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    declared = dict(scope["headers"]).get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > self.most:
+      return await self._refuse(send, f"the body is {int(declared)} bytes long (its"
+                                      " Content-Length); this server reads at most"
+                                      f" {self.most} bytes")
+    chunks, size = [], 0
+    while True:
+      message = await receive()
+      if message["type"] != "http.request":
+        return None  # The client left.
+      chunks.append(message.get("body", b""))
+      size += len(chunks[-1])
+      if size > self.most:
+        return await self._refuse(send, f"the body is longer than {self.most} bytes, the most"
+                                        " this server reads")
+      if not message.get("more_body"):
+        break
+    whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+    async def replay():
+      nonlocal whole
+      message, whole = whole, None
+      return message if message is not None else await receive()
+
+    return await self.app(scope, replay, send)
+
+  @staticmethod
+  async def _refuse(send, why: str) -> None:
+    body = json.dumps({"detail": f"{why} (what --max_lines sentences of --max_chars characters"
+                                 " can need): send fewer or shorter sentences per"
+                                 " request."}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _answer_refusals_in_one_line(app: FastAPI) -> None:
+  """Every refusal as `Refusal`: the engine's, FastAPI's and pydantic's."""
 
   @app.exception_handler(BadRequest)
   def bad_request(request: Request, error: BadRequest):
@@ -199,12 +276,26 @@ def create_app(engine: Engine) -> FastAPI:
 
   @app.exception_handler(RequestValidationError)
   def invalid(request: Request, error: RequestValidationError):
-    del request
+    if isinstance(error.body, bytes | bytearray) and error.body:  # Not read as JSON: why.
+      sent = request.headers.get("content-type")
+      how = (f"is sent as {sent}" if sent else "comes without a Content-Type header")
+      return JSONResponse({"detail": f"the body {how}, so it is not read as JSON; send the"
+                                     " header Content-Type: application/json (curl: -H"
+                                     " 'Content-Type: application/json')."}, status_code=415)
     return JSONResponse({"detail": _one_line(error)}, status_code=422)
 
-  @app.get("/", include_in_schema=False)
-  def page():
-    return FileResponse(STATIC / "index.html")
+
+def _serve_the_docs(app: FastAPI) -> None:
+  """/docs: the bundled Swagger UI, over the description as OpenAPI 3.0 (which it renders)."""
+  describe = app.openapi
+
+  def openapi_3_0() -> dict:
+    if app.openapi_schema is None:
+      app.openapi_schema = as_openapi_3_0(describe())
+    return app.openapi_schema
+
+  app.openapi = openapi_3_0
+  app.mount("/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
 
   @app.get("/docs", include_in_schema=False)
   def docs():
@@ -213,14 +304,30 @@ def create_app(engine: Engine) -> FastAPI:
                                swagger_css_url="/swagger/swagger-ui.css",
                                swagger_favicon_url="/swagger/favicon-32x32.png")
 
+
+def create_app(engine: Engine) -> FastAPI:
+  """The server's routes over `engine` (started by the caller)."""
+  app = FastAPI(title="seq2seq", description="Translate with trained runs; see their"
+                                             " attention.", docs_url=None, redoc_url=None)
+  app.add_middleware(BodyLimit, most=engine.limits.max_bytes)
+  app.mount("/static", StaticFiles(directory=STATIC), name="static")
+  _serve_the_docs(app)
+  _answer_refusals_in_one_line(app)
+
+  @app.get("/", include_in_schema=False)
+  def page():
+    return FileResponse(STATIC / "index.html")
+
   @app.get("/runs")
   def runs() -> dict:
-    """The runs served: name, family, attention, checkpoint, beams, longest sentence."""
+    """The runs served: name, family, attention, checkpoint, beams, length-penalty alpha,
+    longest sentence."""
     return {"runs": [run.info() for run in engine.runs.values()],
             "limits": {"max_lines": engine.limits.max_lines,
                        "max_chars": engine.limits.max_chars}}
 
-  @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True)
+  @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+            responses=REFUSALS)
   def translate(request: TranslateRequest) -> dict:
     """Translates each sentence of `text` with a run; requests that arrive together are
     translated together, in the compiled batch shapes."""

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2seq.data import tokenizer
-from seq2seq.data.special_ids import EOS_ID
+from seq2seq.data.special_ids import EOS_ID, UNK_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.alignment import Alignments, labels
 from seq2seq.decoding.translator import Hypothesis, Translator, check_is_run
@@ -55,6 +56,13 @@ class Limits:
   """What one request may ask (`seq2seq-serve`'s flags)."""
   max_lines: int = 64  # Sentences per request.
   max_chars: int = 1000  # Characters per sentence.
+
+  @property
+  def max_bytes(self) -> int:
+    """The longest body a request within the limits can need: `text` and `target` full, each
+    character written as JSON's longest escape (12 bytes: a surrogate pair), and 64 KiB for
+    the rest. Longer bodies are refused before they are read (`app.BodyLimit`)."""
+    return 2 * self.max_lines * (12 * self.max_chars + 8) + 65536
 
 
 class ServedRun:
@@ -99,6 +107,7 @@ class ServedRun:
     m, t = self.config.model, next(iter(self.searches.values()))
     return {"name": self.name, "family": m.family, "attention": m.attention,
             "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
+            "alpha": self.alpha,
             "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
             "max_subwords": self.longest - 1, "vocabulary": self.vocabulary}
 
@@ -113,6 +122,8 @@ class _Job:
   targets: list[str] | None  # Forced decoding: the translations to score, one per line.
   # Sentences that fail alone (over the run's compiled lengths), by index: why.
   failed: dict[int, str] = dataclasses.field(default_factory=dict)
+  # Sentences answered with a caveat (a target the vocabulary cannot spell), by index: which.
+  warned: dict[int, str] = dataclasses.field(default_factory=dict)
   answer: concurrent.futures.Future = dataclasses.field(
       default_factory=concurrent.futures.Future)
 
@@ -183,6 +194,11 @@ class Engine:
         job.failed[i] = (f"the target of sentence {i + 1} is {length} subwords long with"
                          f" </s>; for this sentence {run.name} scores translations of up to"
                          f" {longest}: shorten the target.")
+      elif unknown := _unspellable(run.tokenizer, translation):
+        job.warned[i] = (f"the target of sentence {i + 1} holds {unknown}, which the vocabulary"
+                         f" of {run.name} lacks: each is scored as <unk>, whose probability"
+                         " says nothing of the character (such a target can outscore a real"
+                         " translation); replace or remove it.")
     self._refuse_if_all_failed(job)
     return targets
 
@@ -264,9 +280,12 @@ class Engine:
 
   @staticmethod
   def _with_errors(job: _Job, response: dict) -> dict:
-    """`response`, with each failed sentence's reason in `errors` where any failed."""
+    """`response`, with each failed sentence's reason in `errors` where any failed, and each
+    caveat in `warnings` where any has one."""
     if job.failed:
       response["errors"] = [job.failed.get(i) for i in range(len(job.lines))]
+    if job.warned:
+      response["warnings"] = [job.warned.get(i) for i in range(len(job.lines))]
     return response
 
   def _response(self, job: _Job, hypotheses: list[list[Hypothesis] | None]) -> dict:
@@ -328,6 +347,25 @@ class Engine:
       if kind in weights:
         found[name] = np.round(weights[kind], 4).tolist()
     return found
+
+
+def _unspellable(vocabulary: tokenizer.Tokenizer, text: str) -> str:
+  """The characters of `text` the vocabulary has no piece for (each encodes to <unk>), named
+  as a reader finds them ("'☃' (U+2603)"), or ""."""
+  missing = sorted({c for c in text if not c.isspace() and UNK_ID in vocabulary.encode(c)})
+  return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in missing)
+
+
+def compile_runs(runs: Sequence[ServedRun]) -> None:
+  """Compiles every program of each run (`ServedRun.compile_ahead`), saying first how many
+  (the start-up line: a first start can take minutes), then how long they took."""
+  for i, run in enumerate(runs, start=1):
+    start = time.perf_counter()
+    log.info("Compiling %d programs for %s (run %d of %d; a second start reads them from the"
+             " cache) ...", run.programs(), run.name, i, len(runs))
+    count = run.compile_ahead()
+    log.info("%s: %d programs compiled (or read from the cache) in %.1f s.", run.name, count,
+             time.perf_counter() - start)
 
 
 def check_workdirs(workdirs: Sequence[str]) -> None:

@@ -1,14 +1,22 @@
 // The attention explorer: translate with one run or two, or force both to one target, and
 // read every attention they have. Everything comes from this server: GET /runs, POST /translate.
-// One state (sentence, attention kind, layer, head, ...) drives both panels and lives in the
-// address bar, so a view is a permalink.
+// The page's state is one object: what was last translated, the server's answers to it, and
+// how they are shown (sentence, attention kind, layer, head, ...). Both panels, the address bar
+// (so a view is a permalink) and the exports are drawn from it, never from the input boxes: a
+// sentence typed but not translated shows in its box alone.
 "use strict";
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const runs = {};  // name -> GET /runs' description
 let limits = {max_lines: Infinity, max_chars: Infinity};
-let results = null;  // {lines, a: {run, answer}, b: ..., forced, targetFrom}
-const state = {sentence: 0, kind: "cross", layer: 1, head: "mean", rescale: false, zoom: 1};
+const state = {
+  // What was translated: {lines, a, b, compare ("", "reference", "a" or "b"), references};
+  // null before the first translation. Set only when its answers are in.
+  request: null,
+  panels: [],  // The answers to it: [{run, answer}], one per run.
+  sentence: 0, kind: "cross", layer: 1, head: "mean", rescale: false, zoom: 1,
+};
+const VIEW = ["sentence", "kind", "layer", "head", "rescale", "zoom"];  // How it is shown.
 const KINDS = {  // kind -> [the answer's field, what the rows are, what the columns are, name]
   cross: ["weights", "target", "source", "cross-attention (target on source)"],
   encoder: ["encoder", "source", "source", "encoder self-attention (source on source)"],
@@ -30,10 +38,10 @@ function option(value, text) {
   return el("option", {value}, text);
 }
 
-function setStatus(text, error = false) {
+function setStatus(text, kind = "") {  // kind: "", "error" or "warning"
   const s = $("#status");
   s.textContent = text;
-  s.className = error ? "error" : "";
+  s.className = kind;
 }
 
 // A subword as a reader sees it: "▁" marks a word's start and is not shown; a piece that
@@ -52,16 +60,16 @@ function label(p) {
 // ---------------------------------------------------------------------------------------
 // The state in the address bar.
 
+// The address of what is shown: the request translated, and the view.
 function writeUrl() {
-  const q = new URLSearchParams();
-  q.set("text", $("#source").value);
-  q.set("a", $("#run-a").value);
-  if ($("#run-b").value) q.set("b", $("#run-b").value);
-  if ($("#compare").checked) {
-    q.set("compare", $("#target-from").value);
-    if ($("#target-from").value === "reference") q.set("ref", $("#reference").value);
+  const {lines, a, b, compare, references} = state.request;
+  const q = new URLSearchParams({text: lines.join("\n"), a});
+  if (b) q.set("b", b);
+  if (compare) {
+    q.set("compare", compare);
+    if (compare === "reference") q.set("ref", references.join("\n"));
   }
-  for (const [k, v] of Object.entries(state)) q.set(k, String(v));
+  for (const k of VIEW) q.set(k, String(state[k]));
   history.replaceState(null, "", "#" + q.toString());
 }
 
@@ -101,7 +109,7 @@ async function loadRuns() {
   try {
     answer = await (await fetch("/runs")).json();
   } catch (e) {
-    return setStatus(SERVER_DOWN, true);
+    return setStatus(SERVER_DOWN, "error");
   }
   limits = answer.limits;
   const a = $("#run-a"), b = $("#run-b");
@@ -141,12 +149,12 @@ async function post(body) {
   return answer;
 }
 
-function lines() {
-  return $("#source").value.split("\n").map((l) => l.trim()).filter((l) => l);
+function lines(box) {
+  return box.value.split("\n").map((l) => l.trim()).filter((l) => l);
 }
 
 // Why the page will not send the request (in its own terms), or "".
-function refusal(text, a, b, comparing) {
+function refusal({lines: text, a, b, compare, references}) {
   if (!text.length) return "Type a sentence first.";
   if (text.length > limits.max_lines)
     return `There are ${text.length} lines; this server takes at most ${limits.max_lines}` +
@@ -155,68 +163,83 @@ function refusal(text, a, b, comparing) {
   if (long >= 0)
     return `Line ${long + 1} has ${text[long].length} characters; this server takes at most` +
       ` ${limits.max_chars} per line: shorten it.`;
-  if (!comparing) return "";
+  if (!compare) return "";
   if (!b) return "Comparing on one target needs two runs: pick a second one beside the first.";
   if (runs[a].vocabulary !== runs[b].vocabulary)
     return `${a} and ${b} have different vocabularies, so one target splits into other` +
       " subwords for each and their maps cannot be compared cell by cell: untick 'compare on" +
       " one target' to see each run's own translation.";
-  if ($("#target-from").value === "reference") {
-    const refs = $("#reference").value.split("\n").map((l) => l.trim()).filter((l) => l);
-    if (refs.length !== text.length)
-      return `There are ${text.length} sentences and ${refs.length} references: give one` +
-        " reference per sentence, in order.";
-  }
+  if (compare === "reference" && references.length !== text.length)
+    return `There are ${text.length} sentences and ${references.length} references: give one` +
+      " reference per sentence, in order.";
   return "";
 }
 
+// Translates what the input boxes say; the state (and with it the maps, the address and the
+// exports) changes only once every answer is in.
 async function translate() {
-  const text = lines(), a = $("#run-a").value, b = $("#run-b").value;
-  const comparing = $("#compare").checked;
-  const refused = refusal(text, a, b, comparing);
-  if (refused) {
-    clearResults();
-    return setStatus(refused, true);
-  }
+  const request = {lines: lines($("#source")), a: $("#run-a").value, b: $("#run-b").value,
+                   compare: $("#compare").checked ? $("#target-from").value : "",
+                   references: lines($("#reference"))};
+  const refused = refusal(request);
+  if (refused) return refuse(refused);
   const button = $("#translate");
   button.disabled = true;
   setStatus("Translating…");
   try {
-    const names = b ? [a, b] : [a];
-    let found;
-    if (comparing) {
-      const from = $("#target-from").value;
-      let targets;
-      if (from === "reference") {
-        targets = $("#reference").value.split("\n").map((l) => l.trim()).filter((l) => l);
-      } else {
-        const own = await post({text, run: from === "a" ? a : b});
-        targets = own.translations.map((t) => t || null);
-      }
-      found = await Promise.all(names.map((run) => forced(text, run, targets)));
+    const panels = await answers(request);
+    Object.assign(state, {request, panels,
+                          sentence: Math.min(state.sentence, request.lines.length - 1)});
+    const warned = panels.flatMap((p) => (p.answer.warnings || []).filter(Boolean)
+      .map((w) => `${p.run}: ${w}`));
+    if (warned.length) {
+      setStatus(`Done, with ${warned.length > 1 ? warned.length + " warnings" : "a warning"}` +
+                ` (each panel shows its own): ${warned[0]}`, "warning");
     } else {
-      found = await Promise.all(names.map((run) => post({text, run, attention: true})));
+      setStatus("Done.");
     }
-    results = {lines: text, forced: comparing,
-               panels: found.map((answer, i) => ({run: names[i], answer}))};
-    state.sentence = Math.min(state.sentence, text.length - 1);
-    setStatus("Done.");
     render();
   } catch (e) {
-    clearResults();
-    setStatus(e.message, true);
+    refuse(e.message);
   } finally {
     button.disabled = false;
   }
 }
 
-// Both runs forced to `targets` (null where there is none to force): the sentences with a
-// target are sent, and the answer is spread back over every line.
-async function forced(text, run, targets) {
+// A refusal, the page's or the server's: says why, and leaves the state, so the maps on
+// screen stay those of the last translation.
+function refuse(reason) {
+  setStatus(reason + (state.request ? " (The maps shown are still the last translation's.)" :
+                                      ""), "error");
+}
+
+// The server's answers to `request`: [{run, answer}], one per run.
+async function answers({lines: text, a, b, compare, references}) {
+  const names = b ? [a, b] : [a];
+  let found;
+  if (!compare) {
+    found = await Promise.all(names.map((run) => post({text, run, attention: true})));
+  } else {
+    let targets = references, why = [];
+    if (compare !== "reference") {
+      const own = await post({text, run: compare === "a" ? a : b});
+      targets = own.translations.map((t) => t || null);
+      why = own.errors || [];  // The server's reason where a sentence failed.
+    }
+    found = await Promise.all(names.map((run) => forced(text, run, targets, why)));
+  }
+  return found.map((answer, i) => ({run: names[i], answer}));
+}
+
+// A run forced to `targets` (null where there is none to force: `why` has the server's reason
+// where the run that gave them failed on it): the sentences with a target are sent, and the
+// answer is spread back over every line.
+async function forced(text, run, targets, why) {
   const sent = text.map((_, i) => i).filter((i) => targets[i]);
-  const missing = (i) => `the target of sentence ${i + 1} is empty: the run that gave it` +
-    " translated it to nothing, so there is nothing to force.";
-  if (!sent.length) throw new Error("Every target is empty: type references instead.");
+  const missing = (i) => why[i] || `the target of sentence ${i + 1} is empty: the run that` +
+    " gave it translated it to nothing, so there is nothing to force.";
+  if (!sent.length) throw new Error(why.find(Boolean) ||
+                                    "Every target is empty: type references instead.");
   const answer = await post({text: sent.map((i) => text[i]), run, attention: true,
                              target: sent.map((i) => targets[i])});
   const spread = (field) => text.map((_, i) => {
@@ -228,16 +251,7 @@ async function forced(text, run, targets) {
     return k < 0 ? missing(i) : (answer.errors || [])[k] ?? null;
   });
   return {...answer, translations: spread("translations"), scores: spread("scores"),
-          attention: spread("attention"), errors};
-}
-
-function clearResults() {
-  results = null;
-  $("#result").hidden = true;
-  for (const id of ["panel-a", "panel-b", "panel-diff"]) {
-    $("#" + id).hidden = true;
-    $("#" + id).replaceChildren();
-  }
+          attention: spread("attention"), warnings: spread("warnings"), errors};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -285,10 +299,10 @@ function render() {
   $("#result").hidden = false;
   renderSentences();
   renderPickers();
-  $("#panels").style.setProperty("--columns", String(results.panels.length));
-  const shown = results.panels.map((panel, i) => renderPanel(["panel-a", "panel-b"][i], panel,
+  $("#panels").style.setProperty("--columns", String(state.panels.length));
+  const shown = state.panels.map((panel, i) => renderPanel(["panel-a", "panel-b"][i], panel,
                                                              "AB"[i]));
-  $("#panel-b").hidden = results.panels.length < 2;
+  $("#panel-b").hidden = state.panels.length < 2;
   renderDifference(shown);
   writeUrl();
 }
@@ -296,9 +310,9 @@ function render() {
 function renderSentences() {
   const list = $("#sentences");
   list.replaceChildren();
-  results.lines.forEach((line, i) => {
+  state.request.lines.forEach((line, i) => {
     const item = el("li", {}, line);
-    const failed = results.panels.map((p) => p.answer.errors?.[i]).filter(Boolean);
+    const failed = state.panels.map((p) => p.answer.errors?.[i]).filter(Boolean);
     if (failed.length) {
       item.classList.add("failed");
       item.title = failed.join(" ");
@@ -316,7 +330,7 @@ function fill(select, values, current) {
 }
 
 function renderPickers() {
-  const found = results.panels.map((p) => p.answer.attention?.[state.sentence]).filter(Boolean);
+  const found = state.panels.map((p) => p.answer.attention?.[state.sentence]).filter(Boolean);
   const kinds = Object.keys(KINDS).filter((k) => found.some((a) => a[KINDS[k][0]]));
   if (!kinds.includes(state.kind)) state.kind = "cross";
   fill($("#kind"), kinds.map((k) => [k, KINDS[k][3]]), state.kind);
@@ -337,22 +351,27 @@ function renderPanel(id, panel, letter) {
   section.hidden = false;
   section.replaceChildren();
   const info = runs[panel.run], answer = panel.answer, i = state.sentence;
-  section.append(el("h2", {}, results.panels.length > 1 ? `${letter}: ${info.name}`
+  section.append(el("h2", {}, state.panels.length > 1 ? `${letter}: ${info.name}`
                                                          : info.name));
   section.append(el("p", {class: "about"},
     `${info.family}, ${info.attention} attention; checkpoint ${info.checkpoint} (steps ` +
-    `${info.steps.join(", ")}); ` + (results.forced ? "forced to the target" :
+    `${info.steps.join(", ")}); ` + (state.request.compare ? "forced to the target" :
                                        `beam ${answer.beam}`)));
   const translation = answer.translations[i];
   const line = el("p", {class: "translation-line"});
   if (translation === null) {
     line.append(el("span", {class: "error"}, `Line ${i + 1}: ${answer.errors[i]}`));
   } else {
+    // The score is what the beam ranks by: not a mean per subword, so say what it is.
     line.append(el("span", {class: "translation"}, translation), " ",
-                el("span", {class: "score"},
-                   `(log-probability per length ${answer.scores[i].toFixed(3)})`));
+                el("span", {class: "score", title: "The sum of the log-probabilities of its" +
+                            " subwords and </s>, divided by ((5 + length) / 6) ^ alpha."},
+                   `(score ${answer.scores[i].toFixed(3)}: log-probability / GNMT length` +
+                   ` penalty, alpha ${info.alpha})`));
   }
   section.append(line);
+  const warning = answer.warnings?.[i];
+  if (warning) section.append(el("p", {class: "warning"}, `Warning: ${warning}`));
   const shown = matrix(panel);
   if (shown.missing) {
     if (translation !== null) section.append(el("p", {class: "note"}, shown.missing));
@@ -361,9 +380,10 @@ function renderPanel(id, panel, letter) {
   section.append(el("p", {class: "shows"}, "Shows: " + shown.about));
   section.append(sourceLine(shown.source));
   section.append(heatmap(id, shown.rows, shown.columns, rescaled(shown.values), false));
-  section.append(colourBar(false, state.rescale ? 1 : Math.max(...shown.values.flat())));
-  section.append(overview(panel, shown));
-  section.append(exports(panel.run, shown));
+  const scale = weightScale();
+  section.append(colourBar(scale), overview(panel, shown));
+  section.append(exports({...shown, values: rescaled(shown.values), runs: [panel.run],
+                          title: `${panel.run}: ${shown.about}`}, scale));
   return shown;
 }
 
@@ -385,7 +405,7 @@ function sourceLine(source) {
 // zoom), column labels written upwards, row labels sticky when a zoom makes it scroll.
 function heatmap(id, rows, columns, values, diverging = false, most = 1) {
   const wrap = el("div", {class: "map"});
-  const width = $("#panels").clientWidth / (results.panels.length > 1 && id !== "panel-diff"
+  const width = $("#panels").clientWidth / (state.panels.length > 1 && id !== "panel-diff"
                                              ? 2 : 1) - 60;
   const labelWidth = Math.min(140, 12 + 7 * Math.max(...rows.map((r) => piece(r).text.length)));
   const fit = Math.floor((width - labelWidth) / columns.length);
@@ -438,7 +458,7 @@ function hover(row) {
     section.querySelectorAll("table.heatmap tbody tr").forEach((tr, r) =>
       tr.classList.toggle("hover", r === row));
     const spans = section.querySelectorAll(".source-line span");
-    const panel = results.panels[i];
+    const panel = state.panels[i];
     const shown = panel && state.kind === "cross" ? matrix(panel) : null;
     spans.forEach((span, c) => {
       const w = row !== null && shown && !shown.missing ? shown.values[row]?.[c] : undefined;
@@ -448,12 +468,33 @@ function hover(row) {
   }
 }
 
-function colourBar(diverging, most) {
+// The scales cells are drawn on, {low, high, diverging, legend}: a cell of value v has the
+// colour the bar has at v's place between `low` and `high`. Weights are drawn as they are,
+// 0 clear and 1 full colour, whatever the map's largest: a colour is one weight in every
+// panel, layer, head and thumbnail, so A and B can be read against each other. (Scaled to
+// each map's largest, A's full colour could be 0.3 and B's 0.9.)
+function weightScale() {
+  return {low: 0, high: 1, diverging: false,
+          legend: state.rescale ? "each row's weights over the row's largest"
+            : "attention weight"};
+}
+
+function differenceScale(most) {
+  const [a, b] = state.panels.map((p) => p.run);
+  return {low: -most, high: most, diverging: true,
+          legend: `A minus B: red, A (${a}) attends more; blue, B (${b}) does`};
+}
+
+function number(v) {  // A scale's end, as short as its precision allows.
+  return String(Number(v.toPrecision(3)));
+}
+
+function colourBar(scale) {
   const bar = el("div", {class: "colour-bar"});
-  const low = diverging ? (-most).toFixed(3) : "0";
-  const scale = el("span", {class: diverging ? "scale diverging" : "scale"});
-  bar.append(el("span", {}, low), scale, el("span", {}, most.toFixed(3)));
-  if (diverging) bar.append(el("span", {class: "about"}, " red: A attends more; blue: B"));
+  bar.append(el("span", {class: "low"}, number(scale.low)),
+             el("span", {class: scale.diverging ? "scale diverging" : "scale"}),
+             el("span", {class: "high"}, number(scale.high)),
+             el("span", {class: "about"}, scale.legend));
   return bar;
 }
 
@@ -498,11 +539,10 @@ function draw(canvas, values, cell, diverging = false) {
 function renderDifference(shown) {
   const section = $("#panel-diff");
   section.replaceChildren();
-  section.hidden = !results.forced || shown.length < 2;
+  section.hidden = !state.request.compare || shown.length < 2;
   if (section.hidden) return;
-  const [a, b] = shown;
-  section.append(el("h2", {}, `Difference: ${results.panels[0].run} minus` +
-                              ` ${results.panels[1].run}`));
+  const [a, b] = shown, [runA, runB] = state.panels.map((p) => p.run);
+  section.append(el("h2", {}, `Difference: ${runA} minus ${runB}`));
   if (!a || !b || a.values.length !== b.values.length ||
       a.values[0].length !== b.values[0].length) {
     section.append(el("p", {class: "note"}, "Both runs need this attention for this sentence" +
@@ -512,31 +552,32 @@ function renderDifference(shown) {
   const diff = rescaled(a.values).map((row, r) => row.map((v, c) => v -
                                                           rescaled(b.values)[r][c]));
   const most = Math.max(1e-9, ...diff.flat().map(Math.abs));
+  const scale = differenceScale(most);
   section.append(el("p", {class: "shows"}, `Shows: A: ${a.about}; B: ${b.about}. Cells are` +
                                            " A - B."));
-  section.append(heatmap("panel-diff", a.rows, a.columns, diff, true, most),
-                 colourBar(true, most));
-  section.append(exports(`${results.panels[0].run}-minus-${results.panels[1].run}`,
-                         {...a, values: diff, about: `${a.about} minus ${b.about}`}, most));
+  section.append(heatmap("panel-diff", a.rows, a.columns, diff, true, most), colourBar(scale));
+  section.append(exports({...a, values: diff, runs: [runA, runB],
+                          title: `${runA} minus ${runB}: A: ${a.about}; B: ${b.about}`}, scale));
 }
 
 // ---------------------------------------------------------------------------------------
-// Export: the map shown as PNG or SVG, its weights as JSON.
+// Export: the map shown as SVG or PNG (the SVG drawn), each a figure that stands alone (the
+// runs, the sentence, what is shown, the colour scale with its range and, for a difference,
+// its sign), and its weights as JSON, with the same.
 
-function exports(name, shown, diverging = 0) {
+function exports(shown, scale) {
   const box = el("div", {class: "exports"});
-  const base = (`${name}-${state.kind}-layer${shown.layer}-head${shown.head}` +
-                `-sentence${state.sentence + 1}`).replace(/[^\w.-]+/g, "_");
-  const values = diverging ? shown.values.map((row) => row.map((v) => v / diverging))
-    : rescaled(shown.values);
+  const base = (`${shown.runs.join("-minus-")}-${state.kind}-layer${shown.layer}` +
+                `-head${shown.head}-sentence${state.sentence + 1}`).replace(/[^\w.-]+/g, "_");
+  const sentence = `Sentence ${state.sentence + 1}: ${state.request.lines[state.sentence]}`;
+  const picture = () => svg(shown, scale, sentence);
   const buttons = {
-    PNG: () => png(shown, values, diverging).then((blob) => save(blob, base + ".png")),
-    SVG: () => save(new Blob([svg(shown, values, diverging)], {type: "image/svg+xml"}),
-                    base + ".svg"),
+    PNG: () => png(picture()).then((blob) => save(blob, base + ".png")),
+    SVG: () => save(new Blob([picture().text], {type: "image/svg+xml"}), base + ".svg"),
     JSON: () => save(new Blob([JSON.stringify({
-      run: name, sentence: state.sentence + 1, kind: state.kind, shows: shown.about,
-      rows: shown.rows, columns: shown.columns, weights: shown.values}, null, 1)],
-      {type: "application/json"}), base + ".json"),
+      runs: shown.runs, sentence: state.sentence + 1, text: state.request.lines[state.sentence],
+      kind: state.kind, shows: shown.title, rows: shown.rows, columns: shown.columns,
+      weights: shown.values, scale}, null, 1)], {type: "application/json"}), base + ".json"),
   };
   box.append(el("span", {class: "about"}, "Export: "));
   for (const [format, action] of Object.entries(buttons)) {
@@ -556,67 +597,83 @@ function save(blob, filename) {
   setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
 }
 
-const CELL = 16, LABEL = 110;  // The exported picture's cell and label sizes, in pixels.
+const CELL = 16, PAD = 8, FONT = "11px sans-serif", BOLD = "bold 12px sans-serif";
 
 function escapeXml(s) {
   return s.replace(/[<>&"]/g, (c) => ({"<": "&lt;", ">": "&gt;", "&": "&amp;",
                                        "\"": "&quot;"})[c]);
 }
 
-function svg(shown, values, diverging) {
-  const w = LABEL + CELL * shown.columns.length, h = LABEL + CELL * shown.rows.length + 20;
-  const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}"` +
-                 ` font-family="sans-serif" font-size="11">`,
-                 `<text x="4" y="${h - 6}">${escapeXml(shown.about)}</text>`];
-  shown.columns.forEach((c, i) => parts.push(
-    `<text transform="translate(${LABEL + i * CELL + 12},${LABEL - 4}) rotate(-90)">` +
-    `${escapeXml(piece(c).text)}</text>`));
-  shown.rows.forEach((r, j) => {
-    parts.push(`<text x="${LABEL - 4}" y="${LABEL + j * CELL + 12}" text-anchor="end">` +
-               `${escapeXml(piece(r).text)}</text>`);
-    values[j].forEach((v, i) => parts.push(
-      `<rect x="${LABEL + i * CELL}" y="${LABEL + j * CELL}" width="${CELL}" height="${CELL}"` +
-      ` fill="${color(v, Boolean(diverging))}"><title>${v.toFixed(4)}</title></rect>`));
+// Text widths as the browser draws them, so that the picture is as wide as its longest line.
+const measure = (() => {
+  const g = document.createElement("canvas").getContext("2d");
+  return (text, font = FONT) => { g.font = font; return Math.ceil(g.measureText(text).width); };
+})();
+
+// The map as an SVG figure: {text, width, height}.
+function svg(shown, scale, sentence) {
+  const rows = shown.rows.map((r) => piece(r).text);
+  const columns = shown.columns.map((c) => piece(c).text);
+  const left = PAD + Math.max(...rows.map((r) => measure(r))) + 6;
+  const head = 2 * 18 + 4, top = head + Math.max(...columns.map((c) => measure(c))) + 6;
+  const [low, high] = [number(scale.low), number(scale.high)];
+  const bar = top + CELL * rows.length + 14, barX = PAD + measure(low) + 4;
+  const legendX = barX + 164 + measure(high) + 8;
+  const width = PAD + Math.max(left + CELL * columns.length, measure(shown.title, BOLD) + PAD,
+                               measure(sentence) + PAD, legendX + measure(scale.legend));
+  const height = bar + 24;
+  const stops = scale.diverging
+    ? ["rgb(25, 80, 190)", "#fff", "rgb(190, 40, 40)"].map((c, i) =>
+      `<stop offset="${i / 2}" stop-color="${c}"/>`)
+    : ['<stop offset="0" stop-color="rgb(25, 80, 190)" stop-opacity="0"/>',
+       '<stop offset="1" stop-color="rgb(25, 80, 190)"/>'];
+  const parts = [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}"` +
+    ` font-family="sans-serif" font-size="11">`,
+    `<rect width="${width}" height="${height}" fill="#fff"/>`,
+    `<text x="${PAD}" y="18" font-weight="bold" font-size="12">${escapeXml(shown.title)}</text>`,
+    `<text x="${PAD}" y="36">${escapeXml(sentence)}</text>`,
+    `<defs><linearGradient id="scale">${stops.join("")}</linearGradient></defs>`,
+    `<text x="${PAD}" y="${bar + 10}">${low}</text>`,
+    `<rect x="${barX}" y="${bar}" width="160" height="12" fill="url(#scale)"/>`,
+    `<text x="${barX + 164}" y="${bar + 10}">${high}</text>`,
+    `<text x="${legendX}" y="${bar + 10}">${escapeXml(scale.legend)}</text>`];
+  columns.forEach((c, i) => parts.push(
+    `<text transform="translate(${left + i * CELL + 12},${top - 4}) rotate(-90)">` +
+    `${escapeXml(c)}</text>`));
+  rows.forEach((r, j) => {
+    parts.push(`<text x="${left - 4}" y="${top + j * CELL + 12}" text-anchor="end">` +
+               `${escapeXml(r)}</text>`);
+    shown.values[j].forEach((v, i) => parts.push(
+      `<rect x="${left + i * CELL}" y="${top + j * CELL}" width="${CELL}" height="${CELL}"` +
+      ` fill="${color(scale.diverging ? v / scale.high : v, scale.diverging)}">` +
+      `<title>${v.toFixed(4)}</title></rect>`));
   });
   parts.push("</svg>");
-  return parts.join("\n");
+  return {text: parts.join("\n"), width, height};
 }
 
-function png(shown, values, diverging) {
-  const canvas = document.createElement("canvas");
-  canvas.width = LABEL + CELL * shown.columns.length;
-  canvas.height = LABEL + CELL * shown.rows.length + 20;
-  const g = canvas.getContext("2d");
-  g.fillStyle = "#fff";
-  g.fillRect(0, 0, canvas.width, canvas.height);
-  g.font = "11px sans-serif";
-  g.fillStyle = "#1d2733";
-  g.fillText(shown.about, 4, canvas.height - 6);
-  g.textAlign = "right";
-  shown.rows.forEach((r, j) => g.fillText(piece(r).text, LABEL - 4, LABEL + j * CELL + 12));
-  shown.columns.forEach((c, i) => {
-    g.save();
-    g.translate(LABEL + i * CELL + 12, LABEL - 4);
-    g.rotate(-Math.PI / 2);
-    g.textAlign = "left";
-    g.fillText(piece(c).text, 0, 0);
-    g.restore();
+// The SVG figure drawn at twice its size, as a PNG blob.
+function png(figure) {
+  return new Promise((resolve, reject) => {
+    const image = new Image();
+    image.onload = () => {
+      const canvas = el("canvas", {width: 2 * figure.width, height: 2 * figure.height});
+      canvas.getContext("2d").drawImage(image, 0, 0, canvas.width, canvas.height);
+      canvas.toBlob(resolve, "image/png");
+    };
+    image.onerror = () => reject(new Error("The browser could not draw the figure as PNG."));
+    image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(figure.text);
   });
-  values.forEach((row, j) => row.forEach((v, i) => {
-    g.fillStyle = color(v, Boolean(diverging));
-    g.fillRect(LABEL + i * CELL, LABEL + j * CELL, CELL, CELL);
-  }));
-  return new Promise((resolve) => canvas.toBlob(resolve, "image/png"));
 }
 
 // ---------------------------------------------------------------------------------------
-
 $("#translate").addEventListener("click", translate);
 $("#source").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("#translate").disabled) translate();
 });
 for (const id of ["compare", "target-from"]) {
-  $("#" + id).addEventListener("change", () => { syncControls(); clearResults(); });
+  $("#" + id).addEventListener("change", syncControls);  // The next Translate's, not the maps'.
 }
 const picked = {kind: (v) => v, layer: Number, head: (v) => (v === "mean" ? v : Number(v))};
 for (const [id, read] of Object.entries(picked)) {
@@ -624,5 +681,5 @@ for (const [id, read] of Object.entries(picked)) {
 }
 $("#rescale").addEventListener("change", (e) => { state.rescale = e.target.checked; render(); });
 $("#zoom").addEventListener("input", (e) => { state.zoom = Number(e.target.value); render(); });
-window.addEventListener("resize", () => { if (results) render(); });
+window.addEventListener("resize", () => { if (state.request) render(); });
 loadRuns();
