@@ -860,7 +860,7 @@ COMMANDS = [
      " the same checkpoint of every run)."),
     ("benchmark.py, an unknown mode", ["benchmark.py", "--mode=nope"],
      "flag --mode=['nope']: --mode takes some of train, decode, kv_heads, padding, compile, calls,"
-     " seeds, saves, recurrence, buckets, serve (comma-separated)"),
+     " seeds, saves, recurrence, buckets, serve, ctranslate2 (comma-separated)"),
     ("benchmark.py, no rows", ["benchmark.py", "--batch=0"],
      "flag --batch=0: 0 is not a positive integer"),
     ("evaluate.py, a stray argument", ["evaluate.py", "--workdir={run}", "val"],
@@ -900,13 +900,29 @@ COMMANDS = [
      ["benchmark.py", "--mode=train,serve", "--workdir={run}"],
      "seq2seq-benchmark --mode=serve needs the [serve] extra (httpx is not installed); install"
      " it with pip install -e \".[serve]\"."),
+    ("benchmark.py --mode=ctranslate2, no run", ["benchmark.py", "--mode=ctranslate2"],
+     "--mode=ctranslate2 measures a trained run; pass --workdir=RUN."),
+    ("export.py, without the [export] extra",
+     ["export.py", "--workdir={run}", "--output={tmp}/new"],
+     "seq2seq-export needs the [export] extra (ctranslate2 is not installed); install it with"
+     " pip install -e \".[export]\"."),
+    ("export.py, an RNN run", ["export.py", "--workdir={tmp}", "--output={tmp}/new"],
+     "{tmp} does not convert to CTranslate2: config.model.family='rnn': CTranslate2 runs"
+     " Transformers only; export a Transformer run."),
+    ("export.py, an ensemble",
+     ["export.py", "--workdir={run}", "--checkpoint=ensemble:2", "--output={tmp}/new"],
+     "--checkpoint=ensemble:2 is an ensemble; CTranslate2 runs one model: export one checkpoint,"
+     " or --checkpoint=avg:N (their average)."),
 ]
 # Modules made missing for a command (`sitecustomize` below): an optional extra not installed.
 MISSING = {"serve.py, without the [serve] extra": "fastapi",
-           "benchmark.py --mode=serve, without the [serve] extra": "httpx"}
+           "benchmark.py --mode=serve, without the [serve] extra": "httpx",
+           "export.py, without the [export] extra": "ctranslate2"}
 FILES = {"translate.py, undecodable input": {"bad.en": b"fine\n\xff\xfe broken\n"},
          "evaluate.py, a config.json edited by hand": {
              "config.json": b'{"compile": {"threads": "four"}}'},
+         "export.py, an RNN run": {
+             "config.json": b'{"model": {"family": "rnn", "attention": "general"}}'},
          "translate.py, --top_k without --sample": {"in.en": b"A dog.\n"},
          "translate.py, the output is the input": {"in.en": b"A dog.\n"},
          **{name: {"in.en": b"A dog.\n"} for name in (

@@ -44,6 +44,14 @@ serve: seq2seq-serve's latency (p50/p99) for single sentences from one client,
 its sentences/s and latency under --clients concurrent clients sending --requests
 one-sentence requests of the run's test split, and seq2seq-translate's batch
 throughput on the same sentences (server_share: the server's fraction of it).
+
+  seq2seq-benchmark --mode=ctranslate2 --workdir=runs/m30k_transformer [--checkpoint=best] \
+      [--sentences=200 --rounds=3 --intra_threads=2 --beams=4]
+
+ctranslate2 (the [export] extra): beam-search sentences/s of the run against the run
+exported to CTranslate2 (seq2seq-export) in float32 and int8 on --intra_threads threads, at
+batch 1 and at the run's config.eval.batch_size, on its first --sentences test sentences, in
+--rounds interleaved rounds (seq2seq/performance/engines.py); the speedups are CTranslate2's.
 """
 
 import functools
@@ -58,10 +66,16 @@ from seq2seq.serve import EXTRA as SERVE_EXTRA
 
 _MODE = flags.DEFINE_list("mode", ["train", "decode"], "What to measure: train, decode, kv_heads,"
                           " padding, compile, calls, seeds, saves, recurrence, buckets (these"
-                          " seven of --config's run), serve (of --workdir's run).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "serve: the run to serve.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "serve: its checkpoint (as"
+                          " seven of --config's run), serve, ctranslate2 (of --workdir's run).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "serve, ctranslate2: the run to measure.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "serve, ctranslate2: its checkpoint (as"
                                   " seq2seq-serve takes it).")
+_SENTENCES = flags.DEFINE_integer("sentences", 200, "ctranslate2: test sentences per round.",
+                                  lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "ctranslate2: timed rounds of each engine.",
+                               lower_bound=1)
+_INTRA_THREADS = flags.DEFINE_integer("intra_threads", 2, "ctranslate2: CTranslate2's threads"
+                                      " per translation.", lower_bound=1)
 _CLIENTS = flags.DEFINE_integer("clients", 32, "serve: concurrent clients.", lower_bound=1)
 _REQUESTS = flags.DEFINE_integer("requests", 500, "serve: requests in all, one sentence each.",
                                  lower_bound=1)
@@ -102,7 +116,7 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also trace each measured mode wi
 
 # Of --config's run.
 STARTUP_MODES = ("padding", "compile", "calls", "seeds", "saves", "recurrence", "buckets")
-MODES = ("train", "decode", "kv_heads", *STARTUP_MODES, "serve")
+MODES = ("train", "decode", "kv_heads", *STARTUP_MODES, "serve", "ctranslate2")
 
 
 def _whole_numbers(values: list[str], low: int) -> bool:
@@ -130,6 +144,10 @@ def _measure() -> None:
     if _WORKDIR.value is None:
       raise UserError("--mode=serve measures a trained run's server; pass --workdir=RUN.")
     require_extra("serve", "seq2seq-benchmark --mode=serve", (*SERVE_EXTRA, "httpx"))
+  if "ctranslate2" in _MODE.value:
+    if _WORKDIR.value is None:
+      raise UserError("--mode=ctranslate2 measures a trained run; pass --workdir=RUN.")
+    require_extra("export", "seq2seq-benchmark --mode=ctranslate2", ("ctranslate2",))
   sizes = dict(layers=_LAYERS.value, dim=_DIM.value, heads=_HEADS.value, mlp=_MLP.value,
                vocab=_VOCAB.value)
   if "train" in _MODE.value:
@@ -154,6 +172,8 @@ def _measure() -> None:
     _startup(_MODE.value)
   if "serve" in _MODE.value:
     _serve()
+  if "ctranslate2" in _MODE.value:
+    _ctranslate2()
   if _PROFILE.value:
     for result in benchmark.profile_benchmarks(
         **sizes, batch=_BATCH.value, length=_LENGTH.value, dtype=_DTYPE.value,
@@ -201,4 +221,13 @@ def _serve() -> None:
   for result in serving.serve_benchmark(_WORKDIR.value, _CHECKPOINT.value,
                                         beam=int(_BEAMS.value[-1]), batch_size=_SERVE_BATCH.value,
                                         clients=_CLIENTS.value, requests=_REQUESTS.value):
+    print(json.dumps(result), flush=True)
+
+
+def _ctranslate2() -> None:
+  from seq2seq.performance import engines  # The [export] extra.
+
+  for result in engines.ctranslate2_benchmark(
+      _WORKDIR.value, _CHECKPOINT.value, beam=int(_BEAMS.value[-1]), sentences=_SENTENCES.value,
+      rounds=_ROUNDS.value, threads=_INTRA_THREADS.value):
     print(json.dumps(result), flush=True)

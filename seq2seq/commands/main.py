@@ -80,3 +80,8 @@ def side_by_side() -> None:
 def serve() -> None:
   """`seq2seq-serve`: a translation API and the attention explorer over HTTP."""
   run("serve")
+
+
+def export() -> None:
+  """`seq2seq-export`: converts a run's checkpoint into a CTranslate2 model."""
+  run("export")

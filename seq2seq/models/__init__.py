@@ -4,7 +4,8 @@ built from shared parts: the registries of attention variants (`attention`, whos
 kernels are in `kernels`), positions (`positions`) and normalizers (`normalizers`), masks
 (`masks`), dropout (`dropout`) and projections (`linear`).
 `build_model` picks a family by config, and `check_config` says what a config asks of its
-family that the family cannot do.
+family that the family cannot do. `export` (imported on its own: it needs the optional
+`[export]` extra) maps a Transformer onto CTranslate2's, and says which configs do not map.
 
 May import: shared, data.
 """

@@ -1,0 +1,237 @@
+"""seq2seq-export --format=ctranslate2: every configuration that converts computes in
+CTranslate2 what it computes here (teacher-forced log-probabilities to float32 rounding), the
+others are refused in one line, and an exported run translates as `Translator` does: greedy
+search picks the same subwords; beam search, CTranslate2's own, mostly the same."""
+
+import dataclasses
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import sacrebleu
+from flax import nnx
+
+from seq2seq.data import corpus
+from seq2seq.data.special_ids import BOS_ID, EOS_ID
+from seq2seq.decoding import deploy
+from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
+from seq2seq.models import ATTENTION_BY_FAMILY, build_model, check_config, export
+from seq2seq.models.normalizers import NORMALIZERS
+from seq2seq.models.positions import POSITIONS
+from seq2seq.performance import engines
+from seq2seq.runs import workdirs
+from tests.helpers import ENV, ROOT, fast_tiny_config
+
+VOCAB = 40
+PIECES = ["<pad>", "<unk>", "<s>", "</s>"] + [f"p{i}" for i in range(4, VOCAB)]
+
+# Each configuration that converts, as `config.model` overrides: every attention variant,
+# position scheme, LayerNorm placement, (un)tied table and key/value head count it maps,
+# in two layers of each stack (a mistake in the second would not show in one).
+CONVERTED = {
+    "default": {},
+    "post-LN, untied, general, grouped-query": {
+        "pre_ln": False, "share_embeddings": False, "attention": "general", "num_heads": 4,
+        "num_kv_heads": 2},
+    "rope, dot, multi-query": {"positions": "rope", "attention": "dot", "num_heads": 4,
+                               "num_kv_heads": 1},
+    # Each on its own (slow: ~1 s each to compile).
+    "post-LN, untied": {"pre_ln": False, "share_embeddings": False},
+    "dot": {"attention": "dot"},
+    "general": {"attention": "general"},
+    "learned": {"positions": "learned"},
+    "relative": {"positions": "relative", "max_relative_distance": 3},
+    "rope": {"positions": "rope"},
+    "multi-query": {"num_heads": 4, "num_kv_heads": 1},
+    "grouped-query, relative": {"num_heads": 4, "num_kv_heads": 2, "positions": "relative",
+                                "max_relative_distance": 3},
+}
+IN_DEFAULT_RUN = 3  # The first ones: every mapping but learned and relative positions.
+
+
+def model_config(**overrides):
+  c = fast_tiny_config()
+  c.model.num_encoder_layers = c.model.num_decoder_layers = 2
+  c.model.max_len = 24
+  c.model.update(overrides)
+  check_config(c)
+  return c
+
+
+def random_model(config, seed: int = 0):
+  """The config's model with random parameters, every one (biases and LayerNorms would start
+  at 0 and 1, where a parameter mapped to the wrong place may not show); drawn with NumPy,
+  as nothing needs compiling."""
+  model = nnx.eval_shape(lambda: build_model(config, VOCAB))
+  rng = np.random.default_rng(seed)
+  nnx.update(model, jax.tree.map(lambda x: 0.3 * rng.standard_normal(x.shape, np.float32),
+                                 nnx.state(model, nnx.Param)))
+  return model
+
+
+@nnx.jit
+def _log_probs(model, src, tgt_in):
+  return jax.nn.log_softmax(model.decode(model.encode(src), tgt_in))
+
+
+def our_log_probs(model, pairs: list[tuple[list[int], list[int]]]) -> list[np.ndarray]:
+  """Per (source, output through EOS) pair, each subword of the output after the ones before
+  it, teacher-forced: the pairs in one batch, padded (which masks the padding out)."""
+  src, tgt_in = (np.zeros((len(pairs), max(len(p[k]) + 1 for p in pairs)), np.int32)
+                 for k in (0, 1))
+  for row, (s, out) in enumerate(pairs):
+    src[row, :len(s) + 1], tgt_in[row, :len(out)] = s + [EOS_ID], [BOS_ID] + out[:-1]
+  log_probs = np.asarray(_log_probs(model, src, tgt_in))
+  return [log_probs[row, np.arange(len(out)), out] for row, (_, out) in enumerate(pairs)]
+
+
+def convert(model, config, directory) -> "ctranslate2.Translator":  # noqa: F821
+  import ctranslate2
+  spm = directory.parent / f"{directory.name}.model"
+  spm.write_bytes(b"a SentencePiece model")  # Copied beside the weights, not read.
+  export.TransformerConverter(model, config.model, PIECES, str(spm)).convert(str(directory))
+  return ctranslate2.Translator(str(directory), compute_type="float32", intra_threads=1)
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param(o, id=name, marks=() if i < IN_DEFAULT_RUN else pytest.mark.slow)
+    for i, (name, o) in enumerate(CONVERTED.items())])
+def test_ctranslate2_computes_what_the_model_computes(overrides, tmp_path):
+  config = model_config(**overrides)
+  assert export.ctranslate2_problem(config.model) is None
+  model = random_model(config)
+  translator = convert(model, config, tmp_path / "model")
+  rng = np.random.default_rng(0)
+  # Lengths past the relative distance, in one padded batch (CTranslate2 pads; we do not).
+  pairs = [(rng.integers(4, VOCAB, n).tolist(), rng.integers(4, VOCAB, m).tolist() + [EOS_ID])
+           for n, m in ((9, 11), (3, 2), (14, 6))]
+  scored = translator.score_batch([[PIECES[i] for i in src] for src, _ in pairs],
+                                  [[PIECES[i] for i in out[:-1]] for _, out in pairs])
+  for (_, out), result, ours in zip(pairs, scored, our_log_probs(model, pairs), strict=True):
+    assert result.tokens == [PIECES[i] for i in out]
+    np.testing.assert_allclose(result.log_probs, ours, rtol=2e-5, atol=2e-5)
+
+
+# What does not convert, and the end of the line that says so (`ctranslate2_problem`).
+REFUSED = {
+    "rnn": ({"family": "rnn", "attention": "general"}, "CTranslate2 runs Transformers only"),
+    "concat": ({"attention": "concat"}, "CTranslate2 computes dot-product attention only"),
+    "linear": ({"attention": "linear"}, "CTranslate2 computes dot-product attention only"),
+    "local": ({"attention": "local"}, "CTranslate2 computes dot-product attention only"),
+    "local_global": ({"attention": "local_global"},
+                     "CTranslate2 computes dot-product attention only"),
+    "sparsemax": ({"attention_normalizer": "sparsemax"}, "with the softmax only"),
+    "entmax15": ({"attention_normalizer": "entmax15"}, "with the softmax only"),
+    "alibi": ({"positions": "alibi"}, "CTranslate2 has ALiBi in decoders only"),
+}
+
+
+@pytest.mark.parametrize("overrides,reason", REFUSED.values(), ids=REFUSED.keys())
+def test_what_ctranslate2_does_not_compute_is_refused_in_one_line(overrides, reason):
+  problem = export.ctranslate2_problem(model_config(**overrides).model)
+  assert reason in problem and "\n" not in problem and problem.endswith(".")
+
+
+def test_every_variant_positions_and_normalizer_is_converted_or_refused():
+  """A variant added to a registry is decided here: converted (and in CONVERTED) or refused."""
+  converted = {o.get("attention", "scaled_dot") for o in CONVERTED.values()}
+  converted_positions = {o.get("positions", "sinusoidal") for o in CONVERTED.values()}
+  refused = {o.get(k) for o, _ in REFUSED.values() for k in ("attention", "positions",
+                                                             "attention_normalizer")}
+  assert set(ATTENTION_BY_FAMILY["transformer"]) <= converted | refused
+  assert converted == set(export.QUERIES_SCALE)
+  assert set(POSITIONS) <= converted_positions | refused
+  for name in set(NORMALIZERS) - {"softmax"}:
+    assert export.ctranslate2_problem(model_config(attention_normalizer=name).model)
+
+
+def test_an_ensemble_and_a_taken_output_are_refused(run, tmp_path):
+  with pytest.raises(UserError, match="CTranslate2 runs one model"):
+    deploy.export(run, "ensemble:2", tmp_path / "model")
+  (tmp_path / "taken").mkdir()
+  with pytest.raises(UserError, match="exists; pass a new directory"):
+    deploy.export(run, "latest", tmp_path / "taken")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+  return deploy.export(run, "latest", tmp_path_factory.mktemp("export") / "model")
+
+
+def test_the_export_holds_the_model_its_vocabulary_and_where_it_came_from(run, exported):
+  assert sorted(p.name for p in exported.iterdir()) == [
+      "config.json", "model.bin", "sentencepiece.model", "seq2seq.json",
+      "shared_vocabulary.json"]
+  assert (exported / "sentencepiece.model").read_bytes() == (run / "vocab/spm.model").read_bytes()
+  translator = deploy.CTranslate2Translator(exported)
+  assert translator.settings["steps"] == [4] and translator.settings["workdir"] == str(run)
+
+
+def test_greedy_translations_and_their_scores_are_ours(run, exported):
+  """On validation sentences of 16 to 23 subwords (one program to compile) and an empty line:
+  the same subwords (the run's 4 steps leave BOS likely: CTranslate2 is told never to output
+  it, as our searches never do), and CTranslate2's model gives them our score (the greedy
+  score is over the GNMT penalty at alpha)."""
+  config = workdirs.read_run_config(run)
+  ours = Translator(run, "latest", beam_size=1, alpha=config.eval.alpha)
+  texts = [text for text in corpus.read_split(config.data, "val").src[:40]
+           if 16 < len(ours.source_ids(text)) + 1 <= 24][:8] + [""]
+  assert len(texts) == 9
+  hypotheses = [nbest[0] for nbest in ours.hypotheses(texts)]
+  theirs = deploy.CTranslate2Translator(exported)
+  assert [text for text, _ in theirs.translate(texts, beam_size=1)] == [h.text for h in
+                                                                         hypotheses]
+  searched = hypotheses[:-1]  # The empty line is not.
+  np.testing.assert_allclose(theirs.log_probs(texts[:-1], [h.ids for h in searched]),
+                             [h.score * ((5 + len(h.ids)) / 6) ** config.eval.alpha
+                              for h in searched],
+                             rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.slow  # Greedy and beam search of 300 sentences both ways: ~60 s, compiling.
+def test_the_exported_run_translates_the_test_set_as_ours(run, exported):
+  """The run's first 300 test sentences: greedy search gives every line ours; beam search (4,
+  no length penalty: CTranslate2's `length_penalty` is not the GNMT one) most (97% here), as
+  CTranslate2 finishes a hypothesis from the best `beam` extensions of a step, ours from the
+  best `2 * beam`; and CTranslate2's model scores our translations as ours does."""
+  test = corpus.read_split(workdirs.read_run_config(run).data, "test")
+  test = dataclasses.replace(test, src=test.src[:300], tgt=test.tgt[:300])
+  theirs = deploy.CTranslate2Translator(exported, intra_threads=2)
+  for beam, least in ((1, 1.0), (4, 0.9)):
+    ours = [nbest[0] for nbest in Translator(run, "latest", beam_size=beam,
+                                             alpha=0.0).hypotheses(test.src)]
+    translated = [text for text, _ in theirs.translate(test.src, beam_size=beam)]
+    equal = np.mean([h.text == t for h, t in zip(ours, translated, strict=True)])
+    bleu = [sacrebleu.corpus_bleu(hyps, [test.tgt]).score
+            for hyps in ([h.text for h in ours], translated)]
+    print(f"beam {beam}: {equal:.1%} of lines equal, BLEU {bleu[0]:.2f} here,"
+          f" {bleu[1]:.2f} in CTranslate2")
+    assert equal >= least and abs(bleu[0] - bleu[1]) <= 0.1
+    np.testing.assert_allclose(theirs.log_probs(test.src, [h.ids for h in ours]),
+                               [h.score for h in ours], rtol=1e-5, atol=2e-4)
+
+
+@pytest.mark.slow  # A process that imports JAX and reads a checkpoint: ~8 s.
+def test_the_command_writes_the_model_directory(run, tmp_path):
+  result = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"),
+                           f"--workdir={run}", "--checkpoint=avg:2",
+                           f"--output={tmp_path / 'model'}"],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == f"wrote {tmp_path / 'model'}\n"
+  assert deploy.CTranslate2Translator(tmp_path / "model").settings["steps"] == [2, 4]
+
+
+@pytest.mark.slow  # Two batch sizes of three engines, ours compiling: ~40 s.
+def test_the_benchmark_times_ours_against_ctranslate2(run):
+  results = engines.ctranslate2_benchmark(run, "latest", sentences=4, rounds=1)
+  assert [r["batch"] for r in results] == [1, workdirs.read_run_config(run).eval.batch_size]
+  for result in results:
+    assert result["sentences"] == 4 and result["intra_threads"] == 2
+    assert all(result[f"{name}_sentences_per_s"] > 0
+               for name in ("ours", "ctranslate2_float32", "ctranslate2_int8"))
+    assert result["float32_speedup"] > 0 and 0 <= result["equal_lines"] <= 1
