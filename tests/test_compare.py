@@ -74,13 +74,30 @@ def test_length_buckets_score_each_bucket_alone():
   assert buckets[3]["bleu"] == pytest.approx(0.0)
 
 
-def test_training_minutes_add_up_every_resumed_segment():
+@pytest.mark.slow  # Trains a tiny run in three segments: over ~10 s.
+def test_training_minutes_add_up_every_resumed_segment(tmp_path, monkeypatch):
   """train_minutes sums each train record's interval (its tokens over its throughput), so a
-  run resumed twice counts all three segments, not the last one's clock."""
-  train = [{"step": 50, "tokens_per_step": 1000.0, "tokens_per_sec": 500.0},  # 100 s
-           {"step": 100, "tokens_per_step": 2000.0, "tokens_per_sec": 1000.0},  # 100 s
-           {"step": 150, "tokens_per_step": 1000.0, "tokens_per_sec": 250.0}]  # 200 s
-  assert records.train_seconds(train) == pytest.approx(400.0)
+  run resumed twice counts all three segments, not the last one's clock: a run trained 2 steps
+  at a time by the same command, each segment's record timed as the loop timed it."""
+  from seq2seq.training import loop, reports
+  from tests.helpers import read_metrics
+  intervals, train_record = [], reports.train_record
+
+  def timed(metrics, elapsed, learning_rate):
+    intervals.append(elapsed)  # The seconds of the record's steps, by the loop's clock.
+    return train_record(metrics, elapsed, learning_rate)
+
+  monkeypatch.setattr(reports, "train_record", timed)
+  c = fast_tiny_config()
+  c.train.log_every_steps = c.eval.every_steps = 2
+  for num_steps in (2, 4, 6):  # Each call resumes the run where the last one stopped.
+    c.train.num_steps = num_steps
+    loop.train_and_evaluate(c, tmp_path / "run")
+  train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+  assert [r["step"] for r in train] == [2, 4, 6] and len(intervals) == 3
+  assert records.train_seconds(train) == pytest.approx(sum(intervals), rel=1e-6)
+  assert records.training_record(tmp_path / "run")["train_minutes"] == pytest.approx(
+      sum(intervals) / 60, rel=1e-6)
 
 
 @pytest.mark.slow  # A minute: trains a sweep of four runs and compares it twice.

@@ -12,6 +12,8 @@ from seq2seq.config import base_config
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.decoding import search, translator
 from seq2seq.models import build_model
+from seq2seq.runtime import compiling
+from tests.helpers import VAL
 
 A, B, C = 4, 5, 6  # token ids of a hand-built 7-token vocabulary
 
@@ -292,6 +294,25 @@ def test_the_search_flags_name_one_strategy():
   assert translator.search_strategy(2, 0.6, nbest=2) == search.Beam(2, 0.6, nbest=2)
   assert translator.search_strategy(1, 0.6, nbest=1, sample_seed=5, temperature=0.5,
                                     top_k=3) == search.Sampling(5, 0.5, 3, 0.6)
+
+
+def test_every_seed_samples_with_one_compiled_program(run):
+  """The seed is the sampling program's argument, not a constant in it: a second seed's
+  program is the first one, read from the persistent cache (each new `seq2seq-translate
+  --sample --seed` compiled its own: 14-16 s, against 4), and its samples are its own; a seed
+  draws as it did (a Python int of any size, keyed as a uint32)."""
+  sentences = [VAL[0][0], VAL[2][0]]  # Short: one program per seed.
+  samples, counts = [], []
+  for seed in (1234567, 7654321):
+    with compiling.counting() as count:
+      sampler = translator.Translator(run, "latest", sample_seed=seed, temperature=3.0)
+      samples.append(sampler.translate(sentences))
+    counts.append((count.compiled["jit(search_fn)"], count.cached["jit(search_fn)"]))
+  assert counts[1] == (0, sum(counts[0])) and counts[1][1]  # The first's, one per shape.
+  assert samples[0] != samples[1]
+  assert [jax.random.key_data(jax.random.key(seed)).tolist() for seed in (-1, 2**33)] == [
+      jax.random.key_data(jax.random.key(translator.search_arguments(search.Sampling(seed))[0]))
+      .tolist() for seed in (-1, 2**33)]
 
 
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -22,7 +23,7 @@ from seq2seq.runs import checkpoints, claim, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runs.workdirs import WorkdirLock
-from seq2seq.training import loop
+from seq2seq.training import loop, seeds
 from tests.helpers import ENV, ROOT, full_disk_at, shared_run_config
 
 
@@ -182,12 +183,72 @@ def test_other_save_errors_are_not_called_a_full_disk(tmp_path):
   checkpoints = Checkpoints(tmp_path, keep=2)
 
   def fail(*args, **kwargs):
-    raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
 
   checkpoints.manager.save = fail
-  with pytest.raises(PermissionError):
+  with pytest.raises(OSError, match="Input/output error"):
     checkpoints.save(1, {"w": jax.numpy.zeros(2)})
   checkpoints.close()
+
+
+# --- A workdir made read-only mid-run (issue 58, round 6) ---------------------------------
+
+
+def refused_in(*folders: Path):
+  """orbax's making of a step's temporary directory (a save's first write) in `folders`,
+  refused as a read-only folder refuses it: the tests may run as root, whom chmod refuses
+  nothing. Install it with `async_path.mkdir = refused_in(...)`."""
+  mkdir = async_path.mkdir
+
+  async def refused(path, *args, **kwargs):
+    if Path(path).parent in folders and ".orbax-checkpoint-tmp" in Path(path).name:
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return await mkdir(path, *args, **kwargs)
+
+  return refused
+
+
+def orbax_threads_left() -> list:
+  """orbax's threads of a save still alive 5 s on (a failed save's waited 300 s for a step
+  directory that was never made, and held the process's exit as long)."""
+  from orbax.checkpoint._src.futures import future
+  threads = [t for t in threading.enumerate() if isinstance(t, future._SignalingThread)]
+  for thread in threads:
+    threading.Thread.join(thread, timeout=5)  # (Its own join raises at the timeout.)
+  return [thread.name for thread in threads if thread.is_alive()]
+
+
+def test_a_checkpoints_folder_made_read_only_ends_the_run_in_one_line_at_once(
+    tmp_path, monkeypatch, caplog, capfd):
+  workdir = tmp_path / "new"
+  monkeypatch.setattr(async_path, "mkdir", refused_in(workdir / "checkpoints"))
+  capfd.readouterr()
+  with pytest.raises(UserError) as raised:
+    loop.train_and_evaluate(shared_run_config(), workdir)
+  assert str(raised.value) == (
+      f"Permission denied while saving the checkpoint of step 2 in {workdir}/checkpoints; no"
+      f" checkpoint was saved yet. Make {workdir}/checkpoints writable again and run the same"
+      " command to start again.")
+  assert orbax_threads_left() == []
+  assert not [r for r in caplog.records if r.exc_info or "Permission denied" in r.getMessage()]
+  assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow  # Compiles a seed group's step: over ~7 s.
+def test_a_seed_groups_member_whose_checkpoints_are_refused_ends_alone(tmp_path, monkeypatch,
+                                                                       caplog):
+  """The member's save fails (it was a PermissionError of the whole group: every member
+  failed with its error); the other trains on to its end."""
+  workdirs_ = {seed: tmp_path / f"seed-{seed}" for seed in (0, 1)}
+  monkeypatch.setattr(async_path, "mkdir", refused_in(workdirs_[1] / "checkpoints"))
+  results = seeds.train_seeds(shared_run_config(), workdirs_)
+  assert results[0]["step"] == 4 and Checkpoints(workdirs_[0], keep=2).all_steps() == [2, 4]
+  assert str(results[1]) == (
+      f"Permission denied while saving the checkpoint of step 2 in {workdirs_[1]}/checkpoints;"
+      f" no checkpoint was saved yet. Make {workdirs_[1]}/checkpoints writable again and run the"
+      " same command to start again.")
+  assert orbax_threads_left() == []
+  assert not [r for r in caplog.records if r.exc_info]
 
 
 # --- Evaluating a live run (issue 28, item 6) ----------------------------------------------
@@ -374,3 +435,44 @@ def test_asyncio_logs_of_a_failed_orbax_read_are_filtered_by_where_they_were_rai
                                "_GatheringFuture exception was never retrieved", (),
                                sys.exc_info())
   assert orbax_logs._library_log_shown(record) is not in_orbax
+
+
+def test_a_workdir_made_read_only_still_releases_its_lock(tmp_path, monkeypatch):
+  """Its lock file cannot be removed: the lock (the flock) is released all the same, and the
+  run's line stays its save's (it was "Permission denied (.../.lock)", or a seed group's error
+  once its members had trained)."""
+  lock, unlink = WorkdirLock(tmp_path), Path.unlink
+
+  def refused(path, *args, **kwargs):
+    if path == tmp_path / workdirs.LOCK:
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return unlink(path, *args, **kwargs)
+
+  lock.acquire()
+  monkeypatch.setattr(Path, "unlink", refused)
+  lock.release()
+  again = WorkdirLock(tmp_path)
+  again.acquire()  # Not "in use by another training".
+  again.release()
+
+
+# --- A signal as a sweep ends (issue 58, round 6) ------------------------------------------
+
+
+def test_a_sigterm_as_a_sweep_ends_stops_it_as_one_during_it(run, tmp_path):
+  """A SIGTERM once the summary is printed, while the process ends (here from its last exit
+  handler): the sweep's line and status 130, as during its work. It was status -15 and no word
+  (Python's shutdown resets the signal handlers), or a traceback from the exit handler."""
+  root = tmp_path / "sweep"
+  shutil.copytree(run, root / "seed-0")  # Complete: the sweep skips it, and ends.
+  code = ("import atexit, os, signal, sys\n"
+          "atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # Run last, as it ends.\n"
+          f"sys.argv = ['seq2seq-sweep', '--config={ROOT}/configs/tiny.py', '--root={root}',"
+          " '--sweep=train.seed=0', '--config.train.num_steps=4']\n"
+          "from seq2seq.commands import main\nmain.sweep()\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=ENV, timeout=300)
+  assert result.stdout == "seed-0  skipped\n"
+  assert (result.returncode, result.stderr.splitlines()[-1]) == (
+      130, "stopped by SIGTERM; nothing half-written was kept: the same command starts again.")
+  assert "Traceback" not in result.stderr

@@ -14,6 +14,7 @@ import pytest
 from seq2seq.compare import comparison, sweep
 from seq2seq.data import batching, corpus
 from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.training import loop, seeds, steps
@@ -137,6 +138,57 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+class Killed(BaseException):
+  """A SIGKILL, as the process sees it: nothing after runs but the `finally` blocks."""
+
+
+@pytest.mark.slow  # Trains a group twice: about 20 s.
+def test_a_group_killed_during_its_save_resumes_its_members_from_one_step(group, tmp_path,
+                                                                         monkeypatch, caplog):
+  """Killed while its members save step 3 one after another: seed 0 saved it, seed 1 did not.
+  The same call says so, takes seed 0 back to step 2, the step both have, and trains both as
+  one program: the uninterrupted group's checkpoints, bit for bit (trained one by one, a
+  member ended 1.3e-3 away)."""
+  c = shared_run_config()
+  c.checkpoint.every_steps = 1  # Periodic saves at 1 and 3 between the validations at 2 and 4.
+  workdirs = {seed: tmp_path / f"seed-{seed}" for seed in SEEDS}
+  save = Checkpoints.save
+
+  def killed_at_seed_1s_save_of_3(self, step, *args, **kwargs):
+    if step == 3 and self.directory.parent == workdirs[1]:
+      raise Killed()
+    return save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(Checkpoints, "save", killed_at_seed_1s_save_of_3)
+  with pytest.raises(Killed):
+    seeds.train_seeds(c, workdirs)
+  monkeypatch.undo()
+  assert [Checkpoints(w, keep=2).all_steps() for w in workdirs.values()] == [[2, 3], [1, 2]]
+  caplog.set_level(logging.INFO, logger="seq2seq")
+  resumed = seeds.train_seeds(c, workdirs)
+  assert ("Seeds 0, 1 are at steps 3, 2 (a stop during the group's save leaves them so): they"
+          " resume as one program from step 2, the last step they all have (the later"
+          " checkpoints of seed 0 are removed, to be trained again).") in caplog.messages
+  assert f"Resumed {workdirs[0]}, {workdirs[1]} at step 2." in caplog.messages
+  assert [r["step"] for r in resumed.values()] == [4, 4]
+  for seed, workdir in workdirs.items():
+    for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [(r["step"], r["split"]) for r in read_metrics(workdir) if r["split"] == "val"] == [
+        (2, "val"), (4, "val")]
+
+
+def test_members_at_different_steps_resume_from_the_last_step_they_all_have(tmp_path):
+  assert seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4, 6], [2, 4]]) == 4
+  assert seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[4, 6], [2, 4, 5]]) == 4
+  with pytest.raises(UserError) as raised:  # One is new: nothing to resume from together.
+    seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4], []])
+  assert str(raised.value) == (
+      f"The runs {tmp_path / 'a'} (checkpoints 2, 4), {tmp_path / 'b'} (no checkpoint) share no"
+      " checkpoint step and cannot resume as one program; train them one by one (seq2seq-sweep"
+      " --one_by_one).")
+
+
 @pytest.mark.slow  # Compiles a group's call and step: about 12 s.
 def test_a_group_trains_several_steps_per_call(tmp_path):
   """config.train.steps_per_call=2 in a seed group: a call of 2 steps (the vmapped scan) gives
@@ -175,16 +227,22 @@ def test_seeds_of_a_point_share_the_shape_of_every_batch():
 def test_the_sweep_groups_the_seeds_of_each_point_that_start_together():
   c = shared_run_config()
   runs = sweep.expand(c, ["model.attention=dot,general", "train.seed=0,1"])
-  new = {name: None for name, _ in runs}
+  new = {name: [] for name, _ in runs}
   names = lambda groups: [[name for name, _ in g] for g in groups]  # noqa: E731
   assert names(sweep._seed_groups(runs, new, one_by_one=False)) == [
       ["attention-dot_seed-0", "attention-dot_seed-1"],
       ["attention-general_seed-0", "attention-general_seed-1"]]
   assert names(sweep._seed_groups(runs, new, one_by_one=True)) == [[n] for n, _ in runs]
-  # A seed resumed alone (at another step than its point's other seed) trains alone.
-  assert names(sweep._seed_groups(runs, dict(new, **{"attention-dot_seed-1": 2}),
+  # A seed resumed alone (at another step than its point's other seed, none shared) trains
+  # alone; seeds that share a step (a stop during the group's save) train as one program.
+  assert names(sweep._seed_groups(runs, dict(new, **{"attention-dot_seed-1": [2]}),
                                   one_by_one=False)) == [
       ["attention-dot_seed-0"], ["attention-dot_seed-1"],
+      ["attention-general_seed-0", "attention-general_seed-1"]]
+  assert names(sweep._seed_groups(runs, dict(new, **{"attention-dot_seed-0": [2, 4],
+                                                     "attention-dot_seed-1": [2]}),
+                                  one_by_one=False)) == [
+      ["attention-dot_seed-0", "attention-dot_seed-1"],
       ["attention-general_seed-0", "attention-general_seed-1"]]
 
 

@@ -583,27 +583,36 @@ class MaxAbsParam:
 
 
 @pytest.mark.slow  # Two tiny runs: over ~7 s.
-def test_a_registered_loop_action_runs_when_due_with_any_steps_per_call(tmp_path, tiny_config):
+def test_a_registered_loop_action_runs_when_due_with_any_steps_per_call(tmp_path, tiny_config,
+                                                                        monkeypatch):
   """docs/extending.md, "A loop action": a class registered for the test
   (`ACTIONS.registered`; in actions.py, `@register_action`) and chosen by
   config.train.actions, with the shipped `param_norm`, runs every 3 steps and after the last;
   calls of several steps stop where it is due, so it falls on the same steps with the same
-  state as with one step per call."""
+  state as with one step per call. With 3 steps per call, calls of 3 run up to each action
+  (with 4, every call was one step before the next action: the 4-step program never ran)."""
   tiny_config.train.num_steps = tiny_config.eval.every_steps = 7
   tiny_config.train.log_every_steps = 7
   tiny_config.train.actions = "max_abs_param,param_norm"
-  records = {}
+  records, calls, train = {}, {1: [], 3: []}, Trainer.train
+
+  def counted(self, state, step, size):
+    calls[self.config.train.steps_per_call].append(size)
+    return train(self, state, step, size)
+
+  monkeypatch.setattr(Trainer, "train", counted)
   with actions.ACTIONS.registered("max_abs_param", MaxAbsParam):
-    for k in (1, 4):
+    for k in (1, 3):
       tiny_config.train.steps_per_call = k
       loop.train_and_evaluate(tiny_config, tmp_path / f"k{k}")
       records[k] = [(r["step"], r["split"], r.get("value", r.get("norm")))
                     for r in read_metrics(tmp_path / f"k{k}")
                     if r["split"] in ("max_abs_param", "param_norm")]
+  assert calls == {1: [1] * 7, 3: [3, 3, 1]}  # Steps 1-3 and 4-6 in calls of 3, then step 7.
   assert [(step, split) for step, split, _ in records[1]] == [
       (3, "max_abs_param"), (6, "max_abs_param"), (7, "max_abs_param"), (7, "param_norm")]
-  assert [r[:2] for r in records[4]] == [r[:2] for r in records[1]]
-  np.testing.assert_allclose([r[2] for r in records[4]], [r[2] for r in records[1]], rtol=1e-6)
+  assert [r[:2] for r in records[3]] == [r[:2] for r in records[1]]
+  np.testing.assert_allclose([r[2] for r in records[3]], [r[2] for r in records[1]], rtol=1e-6)
 
 
 # The commit before training/seeds.py (issue 45): the code that issue 43's sweeps started under.

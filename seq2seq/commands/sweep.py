@@ -11,12 +11,11 @@ own workdir either way. Each field is swept by one --sweep, each value listed on
 would name one workdir); a grid that repeats either is refused before anything trains.
 """
 
-import sys
-
 from absl import flags
 
 from seq2seq.commands.cli import define_config_flag, run_main
 from seq2seq.compare.sweep import run_sweep
+from seq2seq.runtime import compiling, process
 
 _CONFIG = define_config_flag()
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeat for a cross product).")
@@ -36,7 +35,8 @@ def main(argv):
     width = max(map(len, status))
     for name, result in status.items():
       print(f"{name:<{width}}  {result}")
-    if any(result.startswith("failed") for result in status.values()):
-      sys.exit(1)
+    # Ended here: a signal after the summary ends the sweep as one during it (status 130).
+    process.end(1 if any(result.startswith("failed") for result in status.values()) else 0,
+                exit_handlers=not compiling.unfinished())
 
   run_main(sweep)

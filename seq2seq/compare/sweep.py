@@ -4,8 +4,9 @@
 trains every combination in `root/<readable name>`: finished runs are
 skipped, unfinished ones resume, and a failure is recorded without stopping
 the others. The runs that differ only in train.seed (the seeds of one point)
-train as one program (`seeds.train_seeds`) where they start from one step,
-unless `one_by_one`; either way each is an ordinary run in its own workdir.
+train as one program (`seeds.train_seeds`) where they start from one step, or share one
+that those ahead go back to, unless `one_by_one`; either way each is an ordinary run in its
+own workdir.
 """
 
 import concurrent.futures
@@ -98,11 +99,12 @@ def _train(config_json: str, workdirs_by_seed: dict[int, str]) -> dict[int, str 
   return {seed: r if isinstance(r, Exception) else _stopped(r) for seed, r in results.items()}
 
 
-def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], latest: dict[str, int | None],
+def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], steps: dict[str, list[int]],
                  one_by_one: bool) -> list[list[tuple[str, ml_collections.ConfigDict]]]:
   """The runs to train, in groups trained as one program: the seeds of one point (runs
-  whose configs differ in train.seed alone) that start from one step (`latest`, by run
-  name); each other run alone."""
+  whose configs differ in train.seed alone) that start from one step, or share a checkpoint
+  step (`steps`, by run name: those ahead go back to it, `seeds.shared_step`); each other run
+  alone."""
   points = {}
   for name, run in todo:
     point = config_lib.copied(run)
@@ -110,19 +112,39 @@ def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], latest: dict
     points.setdefault(config_lib.to_json(point), []).append((name, run))
   groups = []
   for runs in points.values():
-    if one_by_one or len(runs) == 1 or len({latest[name] for name, _ in runs}) > 1:
+    if one_by_one or len(runs) == 1 or not _one_program(runs, steps):
       groups += [[one] for one in runs]
     else:
       groups.append(runs)
   return groups
 
 
-def _latest_step(workdir: Path, config: ml_collections.ConfigDict) -> int | None:
+def _one_program(runs: list[tuple[str, ml_collections.ConfigDict]],
+                 steps: dict[str, list[int]]) -> bool:
+  """Whether the seeds of a point train as one program: they are at one step, or share a
+  checkpoint step (a stop during the group's save left some a save ahead); if not, one line
+  says why they train one by one."""
+  from seq2seq.training import seeds
+  held = [steps[name] for name, _ in runs]
+  if len({tuple(s[-1:]) for s in held}) == 1:
+    return True
+  try:
+    seeds.shared_step([Path(name) for name, _ in runs], held)
+  except UserError:
+    log.info("%s: at steps %s, with no checkpoint step in common; trained one by one.",
+             " + ".join(name for name, _ in runs),
+             ", ".join(str(s[-1]) if s else "new" for s in held))
+    return False
+  return True
+
+
+def _steps(workdir: Path, config: ml_collections.ConfigDict) -> list[int]:
+  """The steps of the run's checkpoints (none: a new run)."""
   if not (workdir / workdirs.CHECKPOINTS).is_dir():
-    return None
+    return []
   checkpoints = Checkpoints(workdir, config.checkpoint.keep)
   try:
-    return checkpoints.latest_step()
+    return checkpoints.all_steps()
   finally:
     checkpoints.close()
 
@@ -149,14 +171,14 @@ def run_sweep(config: ml_collections.ConfigDict, specs: list[str], root: str | P
   for _, run in runs:
     loop.check_config(run)  # Every combination is checked before any trains.
   status = _Status()
-  latest = {name: _latest_step(root / name, run) for name, run in runs}  # Read once.
+  steps = {name: _steps(root / name, run) for name, run in runs}  # Read once.
   todo = []
   for name, run in runs:
-    if latest[name] is not None and latest[name] >= run.train.num_steps:
+    if steps[name] and steps[name][-1] >= run.train.num_steps:
       status.record(name, "skipped", quiet=True)
     else:
       todo.append((name, run))
-  groups = _seed_groups(todo, latest, one_by_one)
+  groups = _seed_groups(todo, steps, one_by_one)
   together = [group for group in groups if len(group) > 1]
   log.info("Sweep of %d runs in %s: %d finished, %d to train%s.", len(runs), root,
            len(runs) - len(todo), len(todo),

@@ -8,8 +8,8 @@ A search strategy is a small frozen value: `Greedy(alpha)`, `Beam(beam_size, alp
 `Sampling(seed, temperature, top_k, alpha)`. Every strategy scores what it returns by its
 length-normalized log-probability under the model (the GNMT penalty at `alpha`), so a greedy,
 sampled or beam output's score equals the forced score of that output (`alignment.Alignments`). None
-picks PAD or BOS (`translatable`). Strategies are hashable, so a jitted search closes over one as a
-constant; `generate(model, src_ids, strategy, max_len=...)` encodes once and decodes with it.
+picks PAD or BOS (`translatable`). Strategies are hashable: a jitted search closes over one, but
+for sampling's seed (an argument); `generate(model, src_ids, strategy, max_len=...)` decodes.
 """
 
 import dataclasses
@@ -277,16 +277,16 @@ class _OneHypothesis:
     return memory
 
   def search(self, step_fn, cache, batch_size: int, max_len: int,
-             src_ids: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             src_ids: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` (`src_ids`: the
-    sentences, `[batch, src_len]`, for a strategy whose picks depend on them)."""
-    pick = self.picker(batch_size, src_ids)
+    sentences, `[batch, src_len]`, and `seed`, for a strategy whose picks depend on them)."""
+    pick = self.picker(batch_size, src_ids, seed)
     ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick)
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
-  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None, seed=None):
     """`pick(logits [batch, vocab], step) -> token ids [batch]` for a batch of `batch_size`
-    sentences, `src_ids` (`[batch, src_len]`, or None)."""
+    sentences, `src_ids` (`[batch, src_len]`, or None), drawn from `seed` if it draws."""
     raise NotImplementedError
 
 
@@ -311,27 +311,27 @@ class Greedy(_OneHypothesis):
     del step
     return jnp.argmax(logits, axis=-1)
 
-  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None, seed=None):
     """`pick`, the same for any sentences."""
-    del batch_size, src_ids
+    del batch_size, src_ids, seed
     return self.pick
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling(_OneHypothesis):
   """Each token drawn from softmax(logits / `temperature`), among the `top_k` most likely (0: all)
-  but PAD and BOS; `seed` fixes the draws, so the same seed gives the same samples. The score is
-  the sample's log-probability under the model itself (not its tempered or cut one)."""
+  but PAD and BOS, keyed by `seed` (or by `search`'s: one program samples every seed); the same
+  seed, the same samples. Scores are the model's log-probabilities (not tempered, nor cut)."""
   seed: int
   temperature: float = 1.0
   top_k: int = 0
   alpha: float = 0.0
 
-  def picker(self, batch_size: int, src_ids: jnp.ndarray | None):
+  def picker(self, batch_size: int, src_ids: jnp.ndarray | None, seed=None):
     """Draws with one key per sentence, from the seed and its subwords (`sentence_key`; without
     `src_ids`, its row): a sample does not depend on the other sentences of its batch, nor on
     its row or padding, and identical sentences get identical samples."""
-    seed = jax.random.key(self.seed)
+    seed = jax.random.key(self.seed if seed is None else seed)
     keys = (jax.vmap(sentence_key, in_axes=(None, 0))(seed, src_ids) if src_ids is not None
             else jax.vmap(jax.random.fold_in, in_axes=(None, 0))(seed, jnp.arange(batch_size)))
     return functools.partial(self._pick, keys)
@@ -370,9 +370,9 @@ class Beam:
     return expand_to_beams(memory, self.beam_size)
 
   def search(self, step_fn, cache, batch_size: int, max_len: int,
-             src_ids: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             src_ids: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
-    del src_ids
+    del src_ids, seed
     return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
                        alpha=self.alpha, nbest=self.nbest)
 
@@ -380,8 +380,8 @@ class Beam:
 Strategy = Greedy | Sampling | Beam
 
 
-def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *,
-             max_len: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *, max_len: int,
+             seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Encodes once and decodes with `strategy`.
 
   Args:
@@ -390,11 +390,11 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *,
     src_ids: `[batch, src_len]`.
     strategy: `Greedy()`, `Beam(...)` or `Sampling(...)`.
     max_len: most output tokens per sentence (EOS included).
+    seed: sampling's seed (a traced uint32) in place of `strategy.seed`; None: that one.
 
   Returns:
-    ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`
-    (`strategy.nbest`).
+    ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]` (strategy.nbest).
   """
-  memory = strategy.prepare(model.encode(src_ids))
+  memory, batch_size = strategy.prepare(model.encode(src_ids)), src_ids.shape[0]
   return strategy.search(functools.partial(model.decode_step, memory),
-                         model.init_cache(memory, max_len), src_ids.shape[0], max_len, src_ids)
+                         model.init_cache(memory, max_len), batch_size, max_len, src_ids, seed)

@@ -65,27 +65,38 @@ def search_strategy(beam_size: int, alpha: float, nbest: int = 1, *,
   return search.Beam(beam_size, alpha, nbest)
 
 
-def search_fn(params, src, *, graphdef, strategy: search.Strategy, max_len_a: float,
+def search_fn(params, src, seed=None, *, graphdef, strategy: search.Strategy, max_len_a: float,
               max_len_b: int, max_len_limit: int):
   """The search of a model given as `nnx.split` state: `src [batch, src_len]` ->
-  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length."""
+  (ids `[batch, nbest, max_len]`, scores `[batch, nbest]`), max_len from the source length;
+  `seed`: sampling's (`search_arguments`), in place of `strategy.seed`."""
   # An ensemble's graphdef is a tuple, one per architecture (`ensemble.Ensemble`).
   model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
            else nnx.merge(graphdef, params))
   max_len = search.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
-  return search.generate(model, src, strategy, max_len=max_len)
+  return search.generate(model, src, strategy, max_len=max_len, seed=seed)
+
+
+def search_arguments(strategy: search.Strategy) -> tuple:
+  """What a search program takes after `(params, src)`: sampling's seed, as a uint32 (which keys
+  the draws as the seed itself would, any int), so that one compiled program samples with
+  every seed (a seed baked in compiled a program per --seed: 14-16 s, against 4 from the
+  persistent cache); nothing for the other strategies."""
+  if isinstance(strategy, search.Sampling):
+    return (np.uint32(strategy.seed % 2**32),)
+  return ()
 
 
 def search_programs(graphdef, config, strategy: search.Strategy, *, name: str = "search",
                     jit: dict | None = None) -> compiling.Programs:
   """`search_fn` of `strategy` for a run's model and config.eval's decoding lengths, jitted
   (with `jit`'s options) and compiled per source shape with config.compile's evaluation
-  options: `(params, src) -> (ids, scores)`."""
+  options: `(params, src, *search_arguments(strategy)) -> (ids, scores)`."""
   e = config.eval
   fn = functools.partial(search_fn, graphdef=graphdef, strategy=strategy,
                          max_len_a=e.max_decode_len_a, max_len_b=e.max_decode_len_b,
                          max_len_limit=config.model.max_len)
-  return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src: src.shape,
+  return compiling.Programs(name, jax.jit(fn, **(jit or {})), lambda params, src, *_: src.shape,
                             plural=name.replace("search", "searches"),
                             options=compiling.compiler_options(config.compile.eval_options),
                             threads=config.compile.threads)
@@ -312,10 +323,13 @@ class Translator:
     batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
                                     max_len=self.config.model.max_len, one_length=True)
     params = compiling.shapes(self.params)  # As the trainer compiled them ahead.
+    arguments = search_arguments(self.strategy)
     for batch in batches:  # Every shape compiles at once, in parallel.
-      self._search.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
+      self._search.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32),
+                       *compiling.shapes(arguments))
     for batch in batches:
-      ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"])))
+      ids, best = jax.device_get(self._search(self.params, jnp.asarray(batch["src"]),
+                                              *arguments))
       for row, index in enumerate(batch["index"]):
         if index >= 0:
           results[index] = [(ids[row, n], float(best[row, n])) for n in range(self.nbest)]
@@ -372,8 +386,8 @@ class Translator:
   def compile_ahead(self, longest: int) -> int:
     """Compiles the search for every batch of sources up to `longest` subwords (EOS included)
     at once, so that no translation of such sources compiles; returns the programs' count."""
-    params = compiling.shapes(self.params)
+    params, arguments = compiling.shapes(self.params), search_arguments(self.strategy)
     for src in grid_sources(self.config, self.batch_size, longest):
-      self._search.add(params, src)
+      self._search.add(params, src, *compiling.shapes(arguments))
     self._search.wait()
     return len(self._search)

@@ -5,8 +5,9 @@ atomically by orbax: a killed save leaves no half-written step), the run's
 `config.json` and its SentencePiece vocabulary in `vocab/`. The latest
 `keep` checkpoints are kept, and so is the one with the best validation BLEU.
 
-A full disk while saving is a `UserError` naming the step and the last good
-checkpoint (`full_disk.full_disk_is_user_error`); a checkpoint that the run's training
+A full disk (or a checkpoints folder made read-only) while saving is a `UserError` naming
+the step and the last good checkpoint (`full_disk.write_fault_is_user_error`), and the failed
+save's threads end with it; a checkpoint that the run's training
 rotates away while evaluation reads it is `CheckpointRemoved`, never called
 damaged. Whether a checkpoint fits the run's model and vocabulary is decided in
 match.py; orbax_logs.py keeps orbax's own reports of a failure out of sight.
@@ -26,8 +27,13 @@ from orbax.checkpoint import checkpoint_managers as policies
 from seq2seq.data import tokenizer
 from seq2seq.errors import UserError, describe
 from seq2seq.runs import match, workdirs
-from seq2seq.runs.full_disk import full_disk_is_user_error
-from seq2seq.runs.orbax_logs import ignore_abandoned_orbax_work, quiet
+from seq2seq.runs.full_disk import write_fault_is_user_error
+from seq2seq.runs.orbax_logs import (
+  current_operation,
+  ignore_abandoned_orbax_work,
+  quiet,
+  release_failed_save,
+)
 
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
@@ -71,6 +77,7 @@ class Checkpoints:
       self.manager = ocp.CheckpointManager(self.directory, options=options)
     ignore_abandoned_orbax_work()
     self._unfinished: int | None = None  # The step of a save not known to be on disk yet.
+    self._operation: str | None = None  # orbax's id of that save (`release_failed_save`).
     self._partial: list[int] = []  # Steps whose save failed: their temporary directories.
     self._closed = False
 
@@ -118,37 +125,42 @@ class Checkpoints:
     waits for it (and reports its failure).
 
     Raises:
-      UserError: the disk is full (the step, this directory and the last good checkpoint
-        named); the earlier checkpoints are untouched, and the same command resumes.
+      UserError: the disk is full, or this directory may not be written (the step, this
+        directory and the last good checkpoint named); the earlier checkpoints are untouched,
+        and the same command resumes.
     """
     self._finish()  # A save still writing fails here, under its own step.
     fingerprint = tokenizer.fingerprint(self.directory.parent / workdirs.VOCAB)
-    self._unfinished = step
-    with self._full_disk_is_user_error():
+    self._unfinished, self._operation = step, None
+    with self._write_fault_is_user_error():
       self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
                         custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
+      self._operation = current_operation()  # Its threads' id, while they may still write.
     if wait:
       self._finish()
 
   def _finish(self) -> None:
     """Waits for the save in progress (orbax may write in the background)."""
     if self._unfinished is not None:
-      with self._full_disk_is_user_error():
+      with self._write_fault_is_user_error():
         self.manager.wait_until_finished()
       self._unfinished = None
 
   @contextlib.contextmanager
-  def _full_disk_is_user_error(self):
-    """`full_disk_is_user_error` for the save of `self._unfinished`: the half-written step is
+  def _write_fault_is_user_error(self):
+    """`write_fault_is_user_error` for the save of `self._unfinished`: the half-written step is
     removed first (it holds space, and no reader lists it), and orbax repeating a failure
     already reported (when the save is waited for or closed, with no save in progress) is
-    dropped, not reported twice. Whatever fails, the save is no longer in progress."""
+    dropped, not reported twice. Whatever fails, the save is no longer in progress, and its
+    threads are ended (`release_failed_save`): none waits on, nor holds the exit."""
     step = self._unfinished
     try:
-      with full_disk_is_user_error(f"saving the checkpoint of step {step} in {self.directory}",
-                                   self.latest_step, functools.partial(self._failed_save, step)):
+      with write_fault_is_user_error(f"saving the checkpoint of step {step} in {self.directory}",
+                                     self.latest_step, functools.partial(self._failed_save, step)):
         yield
     except Exception:
+      if step is not None:  # (Raised by orbax at once, the save's id is the latest.)
+        release_failed_save(self._operation or current_operation())
       self._unfinished = None
       raise
 
@@ -246,6 +258,13 @@ class Checkpoints:
                       " --workdir.")
     return None, like if new is None else new()
 
+  def remove_after(self, step: int) -> None:
+    """Removes the checkpoints after `step`: a seed group's member a save ahead of the others
+    goes back to their step (`seeds.shared_step`), to train those steps again."""
+    for later in self.all_steps():
+      if later > step:
+        self.manager.delete(later)
+
   def _move_aside(self, step: int) -> None:
     target = self.directory.parent / workdirs.DAMAGED_CHECKPOINTS / str(step)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +306,7 @@ class Checkpoints:
       return
     self._closed = True
     try:
-      with self._full_disk_is_user_error():
+      with self._write_fault_is_user_error():
         self.manager.close()
     finally:
       self._remove_partial()  # Again: writes that the failure left running may have added to it.

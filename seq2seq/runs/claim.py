@@ -121,6 +121,6 @@ class Claim:
 
 
 def writing_in(workdir: str | Path):
-  """What a full disk interrupted, for `full_disk_is_user_error`: the file its error names (the
+  """What a full disk interrupted, for `write_fault_is_user_error`: the file its error names (the
   run's config, vocabulary or metrics), else the workdir."""
   return lambda error: f"writing {error.filename or f'in {workdir}'}"

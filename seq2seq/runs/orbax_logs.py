@@ -1,22 +1,28 @@
-"""What orbax, tensorstore and asyncio print around a failure that our one line reports.
+"""What orbax, tensorstore and asyncio print and leave running around a failure that our one
+line reports.
 
-A full disk or a damaged checkpoint makes orbax's threads log a traceback each, asyncio log
-every task that a failed save or read abandoned, and Python print the "exception ignored" of
-tensorstore completing that work into orbax's closed event loop: pages of text before the
-one `UserError` line that explains the failure. Importing this module installs the log
-filter (`_library_log_shown`) on the absl and asyncio loggers; `Checkpoints` installs the
-unraisable-exception hook (`ignore_abandoned_orbax_work`) and reads through `quiet()`.
+A full disk, a checkpoints folder made read-only or a damaged checkpoint makes orbax's threads
+log a traceback each, asyncio log every task that a failed save or read abandoned, and Python
+print the "exception ignored" of tensorstore completing that work into orbax's closed event
+loop: pages of text before the one `UserError` line that explains the failure. Importing this
+module installs the log filter (`_library_log_shown`) on the absl and asyncio loggers;
+`Checkpoints` installs the unraisable-exception hook (`ignore_abandoned_orbax_work`), reads
+through `quiet()`, and ends the threads of a failed save (`release_failed_save`), which would
+otherwise wait 300 s for a step directory that was never made, and hold the process's exit.
 """
 
 import contextlib
 import logging
 import os
+import threading
 import warnings
 
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.futures import future as orbax_future
+from orbax.checkpoint._src.futures import synchronization
 
 from seq2seq.errors import chained, handle_unraisable
-from seq2seq.runs.full_disk import full_disk, full_disk_code
+from seq2seq.runs.full_disk import fault_code, write_fault
 
 _ORBAX = os.path.dirname(ocp.__file__) + os.sep  # Where orbax's code (and its coroutines) live.
 
@@ -35,10 +41,11 @@ def _library_log_shown(record: logging.LogRecord) -> bool:
                                    or "OCDBT database" in record.getMessage()
                                    or _raised_in_orbax(record.exc_info)):
     return False
-  # A full disk: each of orbax's threads logs its traceback; `Checkpoints.save` says it once.
-  if record.levelno >= logging.ERROR and full_disk_code(record.getMessage()):
+  # A full disk or a denied write: each of orbax's threads logs its traceback;
+  # `Checkpoints.save` says it once.
+  if record.levelno >= logging.ERROR and fault_code(record.getMessage()):
     return False
-  return full_disk(record.exc_info[1] if record.exc_info else None) is None
+  return write_fault(record.exc_info[1] if record.exc_info else None) is None
 
 
 def _raised_in_orbax(exc_info) -> bool:
@@ -84,3 +91,25 @@ def quiet():
     yield
   finally:
     absl_log.disabled = previous
+
+
+def current_operation() -> str:
+  """The id of orbax's latest operation: a save takes the next one as it starts, and its
+  threads carry it (`release_failed_save`)."""
+  return synchronization.OperationIdGenerator.get_current_operation_id()
+
+
+def release_failed_save(operation: str) -> None:
+  """Ends orbax's threads of the failed save `operation`: each is cancelled, then given the
+  signals it waits for, so that it wakes and leaves without running. A save whose step
+  directory could not be made (a read-only folder) never sends the signal that its other
+  threads wait for: they would wait orbax's 300 s each, log a traceback, and hold the
+  interpreter's exit as long."""
+  threads = [thread for thread in threading.enumerate()
+             if isinstance(thread, orbax_future._SignalingThread)  # noqa: SLF001 (orbax's own)
+             and thread._operation_id == operation]  # noqa: SLF001
+  for thread in threads:
+    with contextlib.suppress(RuntimeError):  # Its event loop closed: it has ended.
+      thread.cancel()
+  for thread in threads:
+    orbax_future.set_signals(thread._receive_signals, operation_id=operation)  # noqa: SLF001

@@ -30,6 +30,7 @@ import ml_collections
 from seq2seq import config as config_lib
 from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
+from seq2seq.runs.full_disk import DENIED
 
 CONFIG = Path("config.json")
 PARENT = Path("parent.json")
@@ -173,7 +174,11 @@ class WorkdirLock:
 
   def release(self) -> None:
     if self._file is not None:
-      self.path.unlink(missing_ok=True)  # Before unlocking: a waiter re-checks the inode.
+      try:
+        self.path.unlink(missing_ok=True)  # Before unlocking: a waiter re-checks the inode.
+      except OSError as e:  # A workdir made read-only: the lock is the flock, released below.
+        if e.errno not in DENIED:
+          raise
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None

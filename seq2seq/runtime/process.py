@@ -1,13 +1,17 @@
-"""A process of ours: how it starts, and its share of the devices when several share them.
+"""A process of ours: how it starts, how it ends, and its share of the devices when several
+share them.
 
 Every command's process, and every worker one spawns, starts the same way, before JAX is
 imported: SIGINT/SIGTERM end the start-up with one line (`signals.exit_on_signals`; a
 KeyboardInterrupt raised during the slow imports can be swallowed by an import-time callback),
 and glibc keeps freed memory for reuse (`allocator.keep_freed_memory`, before XLA starts its
-threads). So this module imports nothing slow itself.
+threads). So this module imports nothing slow itself. A command may end itself (`end`) so that
+a signal at its very end still ends it as one during its work does.
 """
 
+import atexit
 import os
+import sys
 
 from seq2seq.runtime import allocator, signals
 
@@ -43,3 +47,22 @@ def start_worker(processes: int = 1) -> None:
   from seq2seq.runtime import compiling  # Imports JAX: after the preamble.
 
   compiling.enable_cache()
+
+
+def end(status: int, exit_handlers: bool = True) -> None:
+  """Ends the command's process with `status`, its work done and its output written: the exit
+  handlers (`atexit`: JAX's clean-up, the log's flush) run with SIGINT/SIGTERM recorded, then
+  the process leaves at once. A signal meanwhile raises `signals.Interrupted`, for the
+  command's line and status 130 (`cli.run_main`). Python's own shutdown resets the signal
+  handlers before it tears the modules down (half a second with JAX loaded): a SIGTERM then
+  ended a sweep with status -15 and no word. `exit_handlers=False` skips them, for a process
+  whose programs still compile (their threads would crash JAX's clean-up)."""
+  received = len(signals.RECEIVED)
+  with signals.defer_interrupts():
+    if exit_handlers:
+      atexit._run_exitfuncs()  # noqa: SLF001 (the interpreter's own exit, run while ours)
+  if len(signals.RECEIVED) > received:
+    raise signals.Interrupted(signals.RECEIVED[-1])
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)

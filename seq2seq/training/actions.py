@@ -19,7 +19,7 @@ import optax
 from seq2seq.errors import UserError
 from seq2seq.runs import claim
 from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.runs.full_disk import full_disk_error
+from seq2seq.runs.full_disk import write_fault_error
 from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runtime import signals
 from seq2seq.training.registry import Registry
@@ -90,7 +90,7 @@ class ValidateAndSave:
       self.writer.write(done, self.split, result)
     except OSError as e:  # The checkpoint would not fit either.
       workdir = self.checkpoints.directory.parent
-      error = full_disk_error(e, f"writing the {self.split} metrics of step {done} in {workdir}",
+      error = write_fault_error(e, f"writing the {self.split} metrics of step {done} in {workdir}",
                               self.checkpoints.latest_step())
       if error is None:
         raise

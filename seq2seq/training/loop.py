@@ -18,7 +18,7 @@ import ml_collections
 from seq2seq import config as config_lib
 from seq2seq import models
 from seq2seq.runs.claim import Claim, writing_in
-from seq2seq.runs.full_disk import full_disk_is_user_error
+from seq2seq.runs.full_disk import write_fault_is_user_error
 from seq2seq.runs.match import save_run_config
 from seq2seq.runs.train_state import TrainState
 from seq2seq.runtime import compiling, distributed, signals
@@ -41,7 +41,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     was already complete.
   """
   claim = None
-  with started(config), full_disk_is_user_error(writing_in(workdir),
+  with started(config), write_fault_is_user_error(writing_in(workdir),
                                                 lambda: claim and claim.latest_step()):
     try:
       claim = Claim(config, workdir)

@@ -23,7 +23,7 @@ from seq2seq.errors import UserError
 from seq2seq.runs import vocabulary, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.claim import Claim, writing_in
-from seq2seq.runs.full_disk import full_disk_is_user_error
+from seq2seq.runs.full_disk import write_fault_error, write_fault_is_user_error
 from seq2seq.runs.train_state import TrainState
 from seq2seq.training import actions, loop, parents
 from seq2seq.training.reports import CompileLog, Progress
@@ -102,7 +102,8 @@ class Member(actions.RunActions):
 
 class Members:
   """The members' actions, driven as a `RunActions`. A member whose actions fail (a full disk
-  at its save, its divergence) ends alone; the group trains on while any member does."""
+  or a read-only workdir at its save or its records, its divergence) ends alone; the group
+  trains on while any member does."""
 
   def __init__(self, group: SeedGroup, runs: list[tuple[Checkpoints, Path]], start: int,
                progress: Progress, compile_log: CompileLog):
@@ -134,9 +135,13 @@ class Members:
       if run.training:
         try:
           run.after_step(state, done, due, stopping)
-        except UserError as e:
-          log.error("%s%s", run.label, e)  # The other members train on.
-          run.end(e)
+        except Exception as e:  # A write its workdir refuses is the member's alone, too.
+          error = e if isinstance(e, UserError) else write_fault_error(
+              e, f"writing in {run.workdir}", run.checkpoints.latest_step())
+          if error is None:
+            raise
+          log.error("%s%s", run.label, error)  # The other members train on.
+          run.end(error)
 
   def close(self) -> None:
     for run in self.runs:
@@ -146,13 +151,15 @@ class Members:
 def train_seeds(config: ml_collections.ConfigDict,
                 runs: Mapping[int, str | Path]) -> dict[int, dict | Exception]:
   """Trains the run of `config` with each config.train.seed in `runs` (seed -> its workdir)
-  as one program: the members with steps left, from one step. Each is the run
-  `loop.train_and_evaluate` trains with that seed (to float rounding).
+  as one program: the members with steps left, from one step (members a save ahead of the
+  others go back to their step, `_restore`). Each is the run `loop.train_and_evaluate` trains
+  with that seed (to float rounding).
 
   Returns:
     Per seed: what `train_and_evaluate` returns, or the `UserError` that ended that member
     alone while the others trained on: its workdir in use or holding another run, its
-    divergence, a full disk at its save. Errors of the whole group are raised.
+    divergence, a full disk or a read-only workdir at its writes. Errors of the whole group
+    are raised.
   """
   runs = {seed: Path(workdir) for seed, workdir in runs.items()}
   claims, results = {}, {}
@@ -162,7 +169,7 @@ def train_seeds(config: ml_collections.ConfigDict,
     return None if not steps or None in steps else min(steps)
 
   with (loop.started(config), contextlib.ExitStack() as stack,
-        full_disk_is_user_error(writing_in(next(iter(runs.values()))), last_step)):
+        write_fault_is_user_error(writing_in(next(iter(runs.values()))), last_step)):
     claims.update(_claim_members(config, runs, stack, results))
     if claims:
       members = list(claims.values())
@@ -205,17 +212,44 @@ def _claim_members(config, runs: dict[int, Path], stack: contextlib.ExitStack,
   return claims
 
 
+def shared_step(workdirs: list[Path], steps: list[list[int]]) -> int:
+  """The latest step that every member of a seed group has a checkpoint of (`steps`: each
+  member's, in `workdirs`), where they are at different steps: a stop during the group's save
+  (members save one after another) leaves some a save ahead of the others.
+
+  Raises:
+    UserError: they share no step (one is new, say): they cannot resume as one program.
+  """
+  shared = set.intersection(*map(set, steps))
+  if not shared:
+    held = [f"checkpoints {', '.join(map(str, s))}" if s else "no checkpoint" for s in steps]
+    raise UserError("The runs " + ", ".join(f"{workdir} ({what})" for workdir, what in
+                                            zip(workdirs, held, strict=True))
+                    + " share no checkpoint step and cannot resume as one program; train them"
+                    " one by one (seq2seq-sweep --one_by_one).")
+  return max(shared)
+
+
 def _restore(group: SeedGroup, claims: list[Claim],
              parent: parents.Parent | None) -> tuple[int | None, TrainState]:
   """The step restored (None: new) and the group's state to train from: its members' latest
-  good checkpoints (which must be at one step), or a new one (from `parent`, if any)."""
+  good checkpoints, or a new one (from `parent`, if any). Members at different steps go back
+  to the latest step they all have (`shared_step`), one line says so, and the checkpoints
+  after it are removed: the group then trains as the uninterrupted group did, bit for bit."""
   restored = [claim.checkpoints.restore_latest_good(group.run_abstract) for claim in claims]
-  steps = [step for step, _ in restored]
-  if len(set(steps)) > 1:
-    raise UserError("The runs " + ", ".join(f"{c.workdir} (step {s})" for c, s in
-                                            zip(claims, steps, strict=True))
-                    + " are at different steps and cannot resume as one program; train them"
-                    " one by one (seq2seq-sweep --one_by_one).")
+  while len(set(steps := [step for step, _ in restored])) > 1:
+    back = shared_step([claim.workdir for claim in claims],
+                       [claim.checkpoints.all_steps() for claim in claims])
+    ahead = [(i, seed) for i, (seed, step) in enumerate(zip(group.seeds, steps, strict=True))
+             if step > back]
+    log.info("Seeds %s are at steps %s (a stop during the group's save leaves them so): they"
+             " resume as one program from step %d, the last step they all have (the later"
+             " checkpoints of seed %s are removed, to be trained again).",
+             ", ".join(map(str, group.seeds)), ", ".join(map(str, steps)), back,
+             ", ".join(str(seed) for _, seed in ahead))
+    for i, _ in ahead:
+      claims[i].checkpoints.remove_after(back)
+      restored[i] = claims[i].checkpoints.restore_latest_good(group.run_abstract)
   if steps[0] is None:
     return None, parents.starter(group, parent, [claim.workdir for claim in claims])()
   return steps[0], group.group_state([state for _, state in restored])
