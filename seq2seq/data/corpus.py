@@ -81,12 +81,13 @@ def vocabulary_text(data_config: ml_collections.ConfigDict, train: ParallelText)
   if data_config.corpus.startswith("tfds:"):
     raise UserError(f"{field} reads each language's own training file, which a TFDS corpus"
                     " has not; drop it, or use Multi30k or a directory of files.")
+  read = {data_config.src_lang: train.src, data_config.tgt_lang: train.tgt}
   text = []
-  for name in names:  # Each language beside one of the pair, whose files exist.
-    other = data_config.tgt_lang if name != data_config.tgt_lang else data_config.src_lang
-    pair = ml_collections.ConfigDict({**data_config.to_dict(), "src_lang": name,
-                                      "tgt_lang": other})
-    text += read_split(pair, "train").src
+  for name in names:  # The pair's sides as read; another language beside the target's.
+    if name not in read:
+      other = ml_collections.ConfigDict({**data_config.to_dict(), "src_lang": name})
+      read[name] = read_split(other, "train").src
+    text += read[name]
   return text
 
 
