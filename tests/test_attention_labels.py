@@ -113,3 +113,25 @@ def test_the_server_and_the_word_links_show_a_reversed_source_in_its_order(tiny_
   np.testing.assert_allclose(answer["weights"][0][0], weights, atol=1e-4)
   links = alignment.word_alignments(run, [np.arange(5, 10, dtype=np.int32)], [OUT])
   assert links[0] == wa.word_links(weights[:-1, :-1], list(range(5)), list(range(3)))
+
+
+def test_a_run_without_attention_is_refused_its_picture_not_drawn_blank(tiny_config, tmp_path):
+  """An RNN trained with `attention=none` attends to no source word: its weights are zeros, and
+  seq2seq-plot-attention (and evaluate's --plot_attention) drew them as a blank map without a
+  word. Now one line names the run, why, and the fix, and nothing is written."""
+  from seq2seq.errors import UserError
+  from seq2seq.evaluation import plots
+
+  tiny_config.model.family, tiny_config.model.attention = "rnn", "none"
+  run = translator(tiny_config)
+  run.workdir = tmp_path / "run"
+  assert not np.any(alignment.alignment(run, SOURCE)[0])  # What the map would show.
+  out = tmp_path / "attention.png"
+  with pytest.raises(UserError) as raised:
+    plots.plot_alignment(run, SOURCE, out)
+  assert str(raised.value) == (
+      f"{run.workdir} was trained with config.model.attention=none: its decoder reads one fixed"
+      " vector of the source and attends to none of its words, so there is no attention to"
+      " draw; pass the --workdir of a run trained with attention (any config.model.attention"
+      " but none).")
+  assert not out.exists()

@@ -312,6 +312,78 @@ def test_verbose_shows_the_traceback_and_keeps_the_status_of_a_user_error(tmp_pa
                                             " seq2seq-train wrote.")
 
 
+# A command whose last exit handler (atexit) prints a line, not flushed, and with "signal"
+# sends itself a SIGTERM: as a signal may come while the process ends.
+ENDING = r"""
+import atexit, os, signal, sys
+from seq2seq.commands import cli
+from seq2seq.errors import UserError
+
+def last():
+  print("exit handlers ran")  # Buffered: it reaches the pipe only if the end flushes after.
+  if "signal" in sys.argv:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+atexit.register(last)
+
+def work():
+  print("worked")
+  if "error" in sys.argv:
+    raise UserError("the work failed")
+  return 1 if "failed" in sys.argv else None  # As the sweep's, when one of its runs failed.
+
+cli.run_main(work)
+"""
+
+STOPPED = "stopped by SIGTERM; nothing half-written was kept: the same command starts again."
+
+
+@pytest.mark.parametrize("ending, status, said", [
+    ("return", 0, []), ("failed", 1, []), ("error", 2, ["error: the work failed"]),
+    ("return signal", 130, [STOPPED]), ("error signal", 130, ["error: the work failed", STOPPED])])
+def test_every_command_ends_through_its_exit_handlers_and_a_signal_then_is_its_line(
+    ending, status, said):
+  """`cli.run_main` ends every command through `process.end`: its exit handlers run and their
+  output is flushed, with the status of the command's end (0, the sweep's 1, or 2 after a user
+  error); a SIGTERM meanwhile is the command's line and 130. Only the sweep ended so: the
+  others exited 0 or 2 as if no signal had come (or -15 and no word, once Python's shutdown
+  had reset the signal handlers)."""
+  result = subprocess.run([sys.executable, "-c", ENDING, *ending.split()], cwd=ROOT,
+                          capture_output=True, text=True, env=ENV, timeout=120)
+  assert result.returncode == status, result.stderr[-3000:]
+  assert result.stdout == "worked\nexit handlers ran\n"
+  assert result.stderr.splitlines() == said
+
+
+@pytest.mark.parametrize("buffered, status", [(False, 141), (True, 1)])
+def test_a_reader_gone_costs_no_traceback(buffered, status):
+  """A reader that leaves (`| true`, as `| head` does) wants nothing more: a write then is
+  status 141, as a shell reports SIGPIPE, and output still buffered at the end is dropped
+  with the command's own status kept; neither is a traceback."""
+  script = 'python3 -c "$ENDING" failed | true; echo "status ${PIPESTATUS[0]}" >&2'
+  env = {**ENV, "ENDING": ENDING, "PATH": f"{Path(sys.executable).parent}:{ENV['PATH']}"}
+  env.pop("PYTHONUNBUFFERED", None)
+  result = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          env=env if buffered else {**env, "PYTHONUNBUFFERED": "1"}, timeout=120)
+  assert result.stderr.splitlines() == [f"status {status}"], result.stderr[-3000:]
+
+
+# The evaluation command, from its entry point, on a directory that is not a run: the user
+# error comes from its work or from its flags (the parser's).
+@pytest.mark.parametrize("flag", ["--split=test", "--beam_size=four"])
+def test_a_command_from_its_entry_point_ends_through_its_exit_handlers(tmp_path, flag):
+  code = ("import atexit, os, signal, sys\n"
+          "atexit.register(os.kill, os.getpid(), signal.SIGTERM)\n"
+          f"sys.argv = ['seq2seq-evaluate', '--workdir={tmp_path}', {flag!r}]\n"
+          "from seq2seq.commands import main\nmain.evaluate()\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env=ENV, timeout=120)
+  assert result.returncode == 130, result.stderr[-3000:]
+  lines = result.stderr.splitlines()
+  assert lines[-2].startswith("error: ") and lines[-1] == STOPPED
+  assert "Traceback" not in result.stderr
+
+
 FAULT = r"""
 import errno, os, pathlib
 from seq2seq.commands import cli

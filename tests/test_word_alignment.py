@@ -37,7 +37,7 @@ REFERENCES = ["x y z", "u v", "w"]
 def test_the_aer_of_a_hand_made_gold_file(tmp_path):
   path = tmp_path / "gold.txt"
   path.write_text(GOLD, encoding="utf-8")
-  sure, possible = alignment_error.read_gold(path, SOURCES, REFERENCES)
+  _, sure, possible = alignment_error.read_gold(path, SOURCES, REFERENCES)
   assert sure == [{(0, 0), (1, 1)}, {(0, 1)}, set()]
   assert possible == [{(2, 2)}, {(1, 0)}, set()]
   scores = wa.aer(PREDICTED, sure, possible)
@@ -210,8 +210,8 @@ def test_evaluate_reports_the_aer_of_the_attention_on_the_reference(run, family,
   links = alignment.word_alignments(
       translator, [translator.source_ids(s) for s in sources],
       [np.asarray(translator.tokenizer.encode(r) + [EOS_ID], np.int32) for r in refs])
-  sure, possible = alignment_error.read_gold(files["gold_alignment"], sources, refs)
-  assert result["aer"] == wa.aer([set(x) for x in links], sure, possible)["aer"]
+  gold = alignment_error.read_gold(files["gold_alignment"], sources, refs)
+  assert result["aer"] == wa.aer([set(x) for x in links], gold.sure, gold.possible)["aer"]
 
 
 @pytest.mark.parametrize("gold,kwargs,expected", [
@@ -275,3 +275,34 @@ def test_compare_refuses_a_wrong_gold_file_before_it_decodes(run, tmp_path):
     comparison.compare_runs([run], tmp_path / "out", split="val",
                             gold_alignment={"gold_alignment": str(gold)})
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # About 12 s: compare decodes a run.
+def test_compare_reads_the_gold_file_once(run, tmp_path, monkeypatch):
+  """The gold alignment is read and checked before anything decodes, and those links score
+  every run: it was read again for each run's score, so a file changed meanwhile scored the
+  runs against other links than the ones checked."""
+  from seq2seq.compare import comparison
+
+  gold, reads, read = val_gold(run, tmp_path), [], alignment_error.read_lines
+  monkeypatch.setattr(alignment_error, "read_lines",
+                      lambda path, *args: reads.append(str(path)) or read(path, *args))
+  rows = comparison.compare_runs([run], tmp_path / "out", split="val", beam_size=1,
+                                 n_samples=20, gold_alignment={"gold_alignment": str(gold)})
+  assert reads == [str(gold)]
+  assert 0 <= rows[0]["val_aer"] <= 1
+
+
+def test_compare_refuses_a_layer_the_runs_lack_before_it_decodes(run, tmp_path, monkeypatch):
+  """As a wrong gold file: it was refused only once every run had been decoded on every set."""
+  from seq2seq.compare import comparison
+
+  decoded = []
+  monkeypatch.setattr(comparison, "evaluation", lambda *args: decoded.append(args))
+  with pytest.raises(UserError) as raised:
+    comparison.compare_runs([run], tmp_path / "out", split="val", gold_alignment={
+        "gold_alignment": str(val_gold(run, tmp_path)), "alignment_layer": 1})
+  assert str(raised.value) == ("--alignment_layer=1 is not a layer of this model, which has 1"
+                               " cross-attention layer; pass one from -1 to 0 (-2: the"
+                               " penultimate).")
+  assert not decoded and not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from seq2seq import config as config_lib
 from seq2seq.errors import UserError, file_fault
-from seq2seq.runtime import compiling, signals
+from seq2seq.runtime import compiling, process, signals
 from seq2seq.runtime.signals import Interrupted
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error (still status 2).")
@@ -124,43 +124,77 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
                       f" (--name=value); see {Path(rest[0]).name} --help.")
     return rest
   except (UserError, flags.Error) as e:
-    _user_error(e, "--verbose" in argv)
+    _say_error(e, "--verbose" in argv)
+    sys.exit(2)  # (`main.run` ends the process through `process.end`, as `run_main` does.)
 
 
 def _verbose() -> bool:
   return flags.FLAGS.is_parsed() and flags.FLAGS.verbose
 
 
-def _user_error(error: Exception, verbose: bool) -> None:
-  """Exits with status 2 after one line `error: <message>` (and, `verbose`, the traceback)."""
+def _say_error(error: Exception, verbose: bool) -> None:
+  """Prints one line `error: <message>` (and, `verbose`, the traceback first)."""
   if verbose:
     traceback.print_exception(error)
   print(f"error: {_one_line(error)}", file=sys.stderr)
-  _exit(2)
 
 
-def _exit(status: int) -> None:
-  """Exits with `status`. Programs still compiling in the background (a run stopped early)
-  would hold the interpreter's exit until XLA has finished them, minutes on a GPU, and the
-  interpreter's shutdown can crash under their native threads: then leave at once."""
-  if compiling.unfinished():
-    _leave(status)
-  sys.exit(status)
+def end(status: int,
+        interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
+  """Ends the process with `status` through `process.end`: its exit handlers run (JAX's
+  clean-up, the logs' flush) with SIGINT/SIGTERM deferred, so that a signal as it ends is the
+  command's line and status 130, as during its work, not a traceback from an exit handler or
+  status -15 and no word from Python's own shutdown (which also joins threads). Programs still
+  compiling in the background (a run stopped early) would crash JAX's clean-up under their
+  native threads, and hold the interpreter's exit until XLA had finished them, minutes on a
+  GPU: then the process leaves at once, without the handlers. (`interrupted`: what the
+  signal's line says was kept.)"""
+  try:
+    process.end(status, exit_handlers=not compiling.unfinished())
+  except Interrupted as e:
+    if status == 130:  # A second signal as it ends: its line is printed already.
+      process.end(130, exit_handlers=False)
+    _interrupted(e, interrupted)
 
 
-def _leave(status: int) -> None:
-  """Exits with `status` at once, without the interpreter's shutdown (which joins threads)."""
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)
+def _interrupted(signal_: BaseException, kept: str | Callable[[], str]) -> None:
+  """Prints `stopped by <signal>; <kept>: the same command starts again.` and ends with
+  status 130 (`kept`: what was kept, or a function that says it then)."""
+  name = str(signal_) or "SIGINT"
+  said = kept() if callable(kept) else kept
+  print(f"stopped by {name}; {said}: the same command starts again.", file=sys.stderr)
+  end(130)
 
 
-def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
-  """Runs `fn()`; a `UserError` prints `error: <message>` and exits with status 2, and so
-  does a full disk or a read-only destination (`errors.file_fault`).
+def _status_of(fn: Callable[[], int | None]) -> int:
+  """Runs `fn()`: its exit status (an `int` it returns, else 0), or 2 after a `UserError`'s
+  line, or a full disk's or a read-only destination's (`errors.file_fault`)."""
+  try:
+    compiling.enable_cache()
+    status = fn()
+    return status if type(status) is int else 0  # (`train_and_evaluate` returns its record.)
+  except BrokenPipeError:  # The output's reader left (`| head`): nothing more is wanted.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Nor at the end's flush.)
+    return 141  # As a shell reports a process that SIGPIPE ended (128 + 13).
+  except UserError as e:
+    _say_error(e, _verbose())
+  except Exception as e:  # A full disk or a read-only path, wherever the write was.
+    fault = file_fault(e)
+    if fault is None:
+      raise
+    _say_error(fault, _verbose())
+  return 2
 
-  SIGINT/SIGTERM print `stopped by <signal>; <interrupted>: the same command starts again.`
-  and exit with status 130 (`interrupted`: what was kept, or a function that says it then).
+
+def run_main(fn: Callable[[], int | None],
+             interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
+  """Runs `fn()` and ends the process (`_end`) with its status: 0, or the `int` it returns
+  (the sweep's 1 when a run failed). A `UserError` prints `error: <message>` and exits with
+  status 2, and so does a full disk or a read-only destination (`errors.file_fault`).
+
+  SIGINT/SIGTERM, during `fn` or as the process ends, print `stopped by <signal>;
+  <interrupted>: the same command starts again.` and exit with status 130 (`interrupted`: what
+  was kept, or a function that says it then). Every `finally` has run by then.
   """
   # orbax and JAX log every save at INFO through absl; keep the console for progress.
   absl_logging.set_verbosity(absl_logging.WARNING)
@@ -172,24 +206,9 @@ def run_main(fn, interrupted: str | Callable[[], str] = "nothing half-written wa
   logger.propagate = False
   signals.catch_interrupts()
   try:
-    compiling.enable_cache()
-    fn()
-    if compiling.unfinished():  # (Else return: absl exits 0.)
-      _leave(0)
-  except UserError as e:
-    _user_error(e, _verbose())
-  except Exception as e:  # A full disk or a read-only path, wherever the write was.
-    fault = file_fault(e)
-    if fault is None:
-      raise
-    _user_error(fault, _verbose())
+    end(_status_of(fn), interrupted)
   except (Interrupted, KeyboardInterrupt) as e:
-    name = str(e) or "SIGINT"
-    kept = interrupted() if callable(interrupted) else interrupted
-    print(f"stopped by {name}; {kept}: the same command starts again.", file=sys.stderr)
-    # Every `finally` has run. Native threads may still be busy (SentencePiece training,
-    # XLA), and the interpreter's shutdown can crash under them: leave at once.
-    _leave(130)
+    _interrupted(e, interrupted)
 
 
 def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:

@@ -33,8 +33,13 @@ def run(name: str) -> None:
   from seq2seq.commands import cli  # Imports JAX: after the preamble.
 
   _show_in_help(command)
-  app.run(command.main, flags_parser=functools.partial(
-      cli.parse_flags, positional=getattr(command, "POSITIONAL", "")))
+  try:
+    app.run(command.main, flags_parser=functools.partial(
+        cli.parse_flags, positional=getattr(command, "POSITIONAL", "")))
+  except SystemExit as e:  # A bad flag's end (2; `run_main` ends itself), as the command's.
+    if not e.code:  # --help: nothing was done that a signal could interrupt.
+      raise
+    cli.end(e.code if isinstance(e.code, int) else 2)
 
 
 def train() -> None:

@@ -4,7 +4,8 @@ r"""Draws the attention of a run's model translating one sentence.
       --text="A little girl climbs into a wooden playhouse." [--out=attention.png]
 
 The RNN's alignment, or the Transformer's cross-attention per layer and head,
-with subword labels on the axes.
+with subword labels on the axes. A run trained without attention (the RNN's
+`none`) is refused in one line: it has no attention to draw.
 """
 
 from absl import flags

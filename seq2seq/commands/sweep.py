@@ -15,7 +15,6 @@ from absl import flags
 
 from seq2seq.commands.cli import define_config_flag, run_main
 from seq2seq.compare.sweep import run_sweep
-from seq2seq.runtime import compiling, process
 
 _CONFIG = define_config_flag()
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeat for a cross product).")
@@ -35,8 +34,6 @@ def main(argv):
     width = max(map(len, status))
     for name, result in status.items():
       print(f"{name:<{width}}  {result}")
-    # Ended here: a signal after the summary ends the sweep as one during it (status 130).
-    process.end(1 if any(result.startswith("failed") for result in status.values()) else 0,
-                exit_handlers=not compiling.unfinished())
+    return 1 if any(result.startswith("failed") for result in status.values()) else 0
 
   run_main(sweep)

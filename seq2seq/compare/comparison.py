@@ -27,9 +27,10 @@ from seq2seq.compare import output, records, report
 from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
 from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
 from seq2seq.data.textio import read_lines
+from seq2seq.decoding import alignment
 from seq2seq.decoding.translator import Translator, check_search
 from seq2seq.errors import UserError
-from seq2seq.evaluation.alignment_error import alignment_scores, read_gold
+from seq2seq.evaluation.alignment_error import Gold, alignment_scores, read_gold
 from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
@@ -138,12 +139,11 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
                   for e in before for row in e.rows]
   _each_once([], earlier_rows, fields, named)  # Before anything is decoded.
   texts = _texts(runs, sets)
-  gold = {"alignment_layer": -2, "gold_one_based": False, **(gold_alignment or {})}
-  if gold.get("gold_alignment"):  # A wrong file fails before anything is decoded.
-    read_gold(gold["gold_alignment"], *texts[split], gold["gold_one_based"])
-  rows, hyps, translators = _score(runs, fields, sets, texts, beam_size, alpha)
+  gold, layer = _gold(gold_alignment, texts[split])  # A wrong file fails before decoding.
+  translators = _translators(runs, beam_size, alpha, gold, layer)
+  rows, hyps = _score(runs, translators, fields, sets, texts, beam_size, alpha)
   _add_significance(rows, sets, hyps, texts, n_samples)
-  _add_alignment_error(rows, translators, split, texts[split], gold)
+  _add_alignment_error(rows, translators, split, texts[split], gold, layer)
   for row in rows if parents else []:
     row["parent"] = parents.get(row["run"])
   for e in before:
@@ -152,7 +152,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   columns = ["run", *fields, *FIXED_COLUMNS, *(["parent"] if parents else [])] + [
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")] + (
-      [f"{split}_aer"] if gold.get("gold_alignment") else [])
+      [f"{split}_aer"] if gold is not None else [])
   seeds = seed_aggregate(joined, fields, named, runs[0].name)
 
   def write(folder: Path) -> None:
@@ -327,14 +327,25 @@ def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], 
   return texts
 
 
-def _score(runs: list[_Run], fields: list[str], sets: list[TestSet], texts: dict,
-           beam_size: int, alpha: float) -> tuple[list[dict], dict, dict[str, Translator]]:
-  """Each run's row (its differing config fields, size, training record and scores per set),
-  its hypotheses per set (`hyps[set][run]`) and its translator (by run name)."""
-  rows, hyps, translators = [], defaultdict(dict), {}
+def _translators(runs: list[_Run], beam_size: int, alpha: float, gold: Gold | None,
+                 layer: int) -> dict[str, Translator]:
+  """Each run's translator (its best checkpoint), by name. With `gold`, each is checked to have
+  `layer` before any decodes (it failed once every run had been scored)."""
+  translators = {run.name: Translator(run.workdir, "best", beam_size=beam_size, alpha=alpha)
+                 for run in runs}
+  for translator in translators.values() if gold is not None else []:
+    alignment.alignment_layer(translator, layer)
+  return translators
+
+
+def _score(runs: list[_Run], translators: dict[str, Translator], fields: list[str],
+           sets: list[TestSet], texts: dict, beam_size: int,
+           alpha: float) -> tuple[list[dict], dict]:
+  """Each run's row (its differing config fields, size, training record and scores per set)
+  and its hypotheses per set (`hyps[set][run]`), decoded by its translator in `translators`."""
+  rows, hyps = [], defaultdict(dict)
   for run in runs:
-    translator = translators[run.name] = Translator(run.workdir, "best", beam_size=beam_size,
-                                                    alpha=alpha)
+    translator = translators[run.name]
     flat = flat_config(run.config)
     record = {key: value for key, value in run.record.items() if key != "curve"}
     row = {"run": run.name, **{f: flat.get(f) for f in fields},
@@ -347,17 +358,26 @@ def _score(runs: list[_Run], fields: list[str], sets: list[TestSet], texts: dict
       row["bleu_signature"] = scores["bleu_signature"]
       row["bleu_lc_signature"] = scores["bleu_lowercase_signature"]
     rows.append(row)
-  return rows, hyps, translators
+  return rows, hyps
+
+
+def _gold(flags: dict | None, text: tuple[list[str], list[str]]) -> tuple[Gold | None, int]:
+  """The gold alignment of `text` that `flags` name, read once for every run (`read_gold`;
+  None without one), and the layer to score (`compare_runs`' `gold_alignment`)."""
+  flags = {"alignment_layer": -2, "gold_one_based": False, **(flags or {})}
+  gold = (read_gold(flags["gold_alignment"], *text, flags["gold_one_based"])
+          if flags.get("gold_alignment") else None)
+  return gold, flags["alignment_layer"]
 
 
 def _add_alignment_error(rows: list[dict], translators: dict[str, Translator], split: str,
-                         text: tuple[list[str], list[str]], gold: dict) -> None:
-  """Adds to each row `<split>_aer`, its attention's alignment error rate on the references of
-  `text` against `gold["gold_alignment"]` (nothing without one)."""
-  for row in rows if gold.get("gold_alignment") else []:
-    row[f"{split}_aer"] = alignment_scores(
-        translators[row["run"]], *text, gold["gold_alignment"], layer=gold["alignment_layer"],
-        one_based=gold["gold_one_based"])["aer"]
+                         text: tuple[list[str], list[str]], gold: Gold | None,
+                         layer: int) -> None:
+  """Adds to each row `<split>_aer`, its attention's alignment error rate (layer `layer`) on
+  the references of `text` against `gold` (nothing without one)."""
+  for row in rows if gold is not None else []:
+    row[f"{split}_aer"] = alignment_scores(translators[row["run"]], *text, gold,
+                                           layer=layer)["aer"]
 
 
 def _num_params(translator: Translator) -> int:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from seq2seq import models
 from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import search, word_alignment
@@ -63,6 +64,19 @@ def alignment(translator: Translator, text: str):
                      graphdef=translator.graphdef)  # Op by op: no program for one picture.
   target, source = labels(translator.tokenizer.pieces, src, out)["cross"]
   return np.asarray(weights), source, target
+
+
+def check_attends(translator: Translator, fix: str) -> None:
+  """A `UserError` ending in `fix` for a run whose decoder attends to nothing (`models.attends`:
+  the RNN's fixed-vector attention, Sutskever et al.'s), whose weights `alignment` gives as
+  zeros, which a picture of that run alone would draw as a blank map without a word. (Such an
+  RNN has no self-attention to show instead; a comparison shows such a run beside others,
+  titled "no attention".)"""
+  m = translator.config.model
+  if not models.attends(m):
+    raise UserError(f"{translator.workdir} was trained with config.model.attention={m.attention}:"
+                    " its decoder reads one fixed vector of the source and attends to none of"
+                    f" its words, so there is no attention to draw; {fix}.")
 
 
 def _stacked(pairs: list[tuple[np.ndarray, np.ndarray]], rows: int,

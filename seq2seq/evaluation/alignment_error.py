@@ -4,6 +4,7 @@ its attention on the reference, teacher-forced, against a gold alignment of the 
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,8 +16,16 @@ from seq2seq.errors import UserError
 Links = set[word_alignment.Link]
 
 
+class Gold(NamedTuple):
+  """A gold alignment file as `read_gold` checked and parsed it, once: the sure and the
+  possible links of each sentence, for every run that a comparison scores against it."""
+  path: str
+  sure: list[Links]
+  possible: list[Links]
+
+
 def read_gold(path: str | Path, sources: Sequence[str], references: Sequence[str],
-              one_based: bool = False) -> tuple[list[Links], list[Links]]:
+              one_based: bool = False) -> Gold:
   """The sure and the possible links of each sentence of the gold file `path`, one line per
   sentence of the test set; `UserError` for another line count, an item that is no link, or
   a link outside its sentence's words (the whitespace-separated words of its source line and
@@ -43,28 +52,29 @@ def read_gold(path: str | Path, sources: Sequence[str], references: Sequence[str
                       " tokenized as the gold set is.")
     sure.append(s)
     possible.append(p)
-  return sure, possible
+  return Gold(str(path), sure, possible)
 
 
-def alignment_scores(translator, sources: Sequence[str], references: Sequence[str],
-                     gold_path: str | Path, *, layer: int = -2, one_based: bool = False) -> dict:
+def alignment_scores(translator, sources: Sequence[str], references: Sequence[str], gold: Gold,
+                     *, layer: int = -2) -> dict:
   """The AER of `translator`'s attention (layer `layer`, heads averaged) on each reference,
-  teacher-forced, against the gold alignment `gold_path`, with its precision and recall.
+  teacher-forced, against `gold`, the alignment `read_gold` read of these sentences (read
+  before: a wrong file fails before anything decodes, and a comparison reads it once for all
+  its runs), with its precision and recall.
 
   Returns:
     {"aer", "alignment_precision", "alignment_recall", "alignment_links", "alignment_layer"
     (0-based), "gold_alignment"}.
   """
-  sure, possible = read_gold(gold_path, sources, references, one_based)
   layer_index = alignment.alignment_layer(translator, layer)
   encode = translator.tokenizer.encode
   links = alignment.word_alignments(
       translator, [translator.source_ids(s) for s in sources],
       [np.asarray(encode(r) + [EOS_ID], np.int32) for r in references], layer=layer)
   try:
-    scores = word_alignment.aer([set(x) for x in links], sure, possible)
+    scores = word_alignment.aer([set(x) for x in links], gold.sure, gold.possible)
   except ValueError as e:
-    raise UserError(f"--gold_alignment={gold_path}: {e}; pass a test set with words.") from None
+    raise UserError(f"--gold_alignment={gold.path}: {e}; pass a test set with words.") from None
   return {"aer": scores["aer"], "alignment_precision": scores["precision"],
           "alignment_recall": scores["recall"], "alignment_links": scores["links"],
-          "alignment_layer": layer_index, "gold_alignment": str(gold_path)}
+          "alignment_layer": layer_index, "gold_alignment": gold.path}

@@ -9,14 +9,18 @@ from pathlib import Path
 
 from seq2seq.data import corpus
 from seq2seq.data.textio import read_lines
+from seq2seq.decoding.alignment import check_attends
 from seq2seq.decoding.translator import Translator, check_candidates
 from seq2seq.errors import UserError
-from seq2seq.evaluation.alignment_error import alignment_scores
+from seq2seq.evaluation.alignment_error import alignment_scores, read_gold
 from seq2seq.evaluation.scores import evaluate_split, output_files
 from seq2seq.runs import workdirs
 from seq2seq.runs.selection import record_selection
 
 log = logging.getLogger("seq2seq")
+
+# --plot_attention on a run without attention (`alignment.check_attends`): the fix.
+_WITHOUT_PICTURES = "drop --plot_attention, or evaluate a run trained with attention"
 
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
@@ -93,7 +97,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
 
   With `gold_alignment` (a file), also the alignment error rate of the attention of layer
   `alignment_layer` on the references (`alignment_error.alignment_scores`; `gold_one_based`:
-  the file counts words from 1), in the scores as `aer` and `alignment_*`.
+  the file counts words from 1, `read_gold`), in the scores as `aer` and `alignment_*`.
 
   With `plot_attention` K > 0, also draws the attention of the first K non-empty
   source sentences to `<prefix>.attention<i>.png` (i: the sentence's line number).
@@ -123,6 +127,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
                       f" has {len(references)}; pass a reference line for every source line.")
   translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
                           batch_size=batch_size, ensemble=ensemble)
+  if plot_attention:  # Before decoding: the pictures would come last, and blank.
+    check_attends(translator, _WITHOUT_PICTURES)
   reference = {}
   if src_file:
     name = Path(src_file).name
@@ -136,15 +142,24 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
   if reference:
     prefix = _apart(prefix, reference)
-  aer = (alignment_scores(translator, sources, references, gold_alignment,
-                          layer=alignment_layer, one_based=gold_one_based)
+  aer = (alignment_scores(translator, sources, references,
+                          read_gold(gold_alignment, sources, references, gold_one_based),
+                          layer=alignment_layer)
          if gold_alignment else None)  # Before decoding: a wrong gold file fails at once.
   result = evaluate_split(translator, sources, references, prefix, checkpoint,
                           {**(aer or {}), **reference})
-  drawn = [i for i, text in enumerate(sources) if text.strip()][:plot_attention]
+  _draw_attention(translator, sources, name, prefix, plot_attention)
+  return result, prefix
+
+
+def _draw_attention(translator: Translator, sources: Sequence[str], name: str, prefix: Path,
+                    count: int) -> None:
+  """Draws the attention of the first `count` non-empty `sources` (of `name`) to
+  `<prefix>.attention<i>.png` (i: the sentence's line number)."""
+  drawn = [i for i, text in enumerate(sources) if text.strip()][:count]
   if drawn:
     from seq2seq.evaluation.plots import plot_alignment  # matplotlib only where pictures are drawn.
   for i in drawn:
-    path = plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png")
+    path = plot_alignment(translator, sources[i], f"{prefix}.attention{i + 1}.png",
+                          _WITHOUT_PICTURES)
     log.info("Drew the attention of %s line %d in %s", name, i + 1, path)
-  return result, prefix

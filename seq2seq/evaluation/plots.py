@@ -13,10 +13,14 @@ matplotlib.use("Agg")  # Files only: no display is needed (or present on servers
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from seq2seq.decoding.alignment import alignment  # noqa: E402
+from seq2seq.decoding.alignment import alignment, check_attends  # noqa: E402
 from seq2seq.errors import UserError  # noqa: E402
 
 log = logging.getLogger("seq2seq")
+
+# What a picture of one run's attention asks of a run that has none (`plot_alignment`).
+PICK_A_RUN_WITH_ATTENTION = ("pass the --workdir of a run trained with attention (any"
+                             " config.model.attention but none)")
 
 
 def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
@@ -45,13 +49,17 @@ def attention_heatmaps(weights: np.ndarray, src_tokens: Sequence[str],
   return _save(fig, path)
 
 
-def plot_alignment(translator, text: str, path: str | Path) -> Path:
+def plot_alignment(translator, text: str, path: str | Path,
+                   fix: str = PICK_A_RUN_WITH_ATTENTION) -> Path:
   """Writes the PNG heatmaps of `alignment(translator, text)`: the RNN's alignment, or
-  the Transformer's cross-attention per layer and head, subwords on the axes."""
+  the Transformer's cross-attention per layer and head, subwords on the axes. A run without
+  attention is a `UserError` ending in `fix` (`alignment.check_attends`), before it decodes:
+  its map would be blank."""
   from seq2seq.evaluation.plots import (
     attention_heatmaps,  # matplotlib only where pictures are drawn.
   )
 
+  check_attends(translator, fix)
   weights, src, tgt = alignment(translator, text)
   c = translator.config.model
   return attention_heatmaps(weights, src, tgt, path, title=f"{c.family}, {c.attention} attention")

@@ -34,6 +34,12 @@ def can_pack(family: str) -> bool:
   return MODEL_CLASSES[family].PACKS
 
 
+def attends(m: ml_collections.ConfigDict) -> bool:
+  """Whether the model of `config.model` `m` attends to the source's words: its family's
+  attention names but those it declares `UNATTENDED` (the RNN's fixed-vector `none`)."""
+  return m.attention not in MODEL_CLASSES[m.family].UNATTENDED
+
+
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):
   """Builds `config.model.family` with freshly initialized parameters.
 

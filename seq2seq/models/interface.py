@@ -36,6 +36,9 @@ class Seq2SeqModel(Protocol):
   SHARES_KV_HEADS: ClassVar[bool]
   # The attention names whose weights come from `config.model.attention_normalizer`.
   NORMALIZED: ClassVar[tuple[str, ...]]
+  # The attention names whose decoder attends to no source word (`cross` weights all zero);
+  # read through `seq2seq.models.attends(config.model)`.
+  UNATTENDED: ClassVar[tuple[str, ...]]
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

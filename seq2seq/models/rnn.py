@@ -192,8 +192,8 @@ class RNN(nnx.Module):
   POSITION_NAMES = ("sinusoidal",)  # The default, ignored: its recurrence orders the words.
   SHARES_KV_HEADS = False  # One attention head: no key/value heads to share.
   NORMALIZED = tuple(KERNELS)  # Whose weights a normalizer gives (all but `none`).
-  # Teacher forcing takes the logits of every step in one product after the loop
-  # (`rnn_reference` computes them inside, as a decoder written step by step does).
+  UNATTENDED = ("none",)  # Whose decoder reads one fixed vector: `cross` weights all 0.
+  # Teacher forcing: every step's logits in one product after the loop (not in it).
   LOGITS_IN_LOOP = False
 
   @staticmethod

@@ -182,6 +182,7 @@ class Transformer(nnx.Module):
   POSITION_NAMES = tuple(POSITIONS)  # Every way of giving word order.
   SHARES_KV_HEADS = True  # `config.model.num_kv_heads` may be fewer than the query heads.
   NORMALIZED = tuple(name for name in ATTENTION_NAMES if VARIANTS[name].normalizes)
+  UNATTENDED = ()  # Every variant attends to the source.
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

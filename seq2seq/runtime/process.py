@@ -5,8 +5,8 @@ Every command's process, and every worker one spawns, starts the same way, befor
 imported: SIGINT/SIGTERM end the start-up with one line (`signals.exit_on_signals`; a
 KeyboardInterrupt raised during the slow imports can be swallowed by an import-time callback),
 and glibc keeps freed memory for reuse (`allocator.keep_freed_memory`, before XLA starts its
-threads). So this module imports nothing slow itself. A command may end itself (`end`) so that
-a signal at its very end still ends it as one during its work does.
+threads). So this module imports nothing slow itself. Every command ends through `end`
+(`cli.run_main`), so that a signal at its very end still ends it as one during its work does.
 """
 
 import atexit
@@ -63,6 +63,9 @@ def end(status: int, exit_handlers: bool = True) -> None:
       atexit._run_exitfuncs()  # noqa: SLF001 (the interpreter's own exit, run while ours)
   if len(signals.RECEIVED) > received:
     raise signals.Interrupted(signals.RECEIVED[-1])
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (BrokenPipeError, ValueError):  # A reader gone (`| head`), or a stream closed:
+      pass  # what it did not take is not wanted, and the status stands.
   os._exit(status)
