@@ -78,7 +78,7 @@ def plot_attention() -> None:
 
 
 def side_by_side() -> None:
-  """`seq2seq-side-by-side`: this project's speed against flax examples/wmt."""
+  """`seq2seq-side-by-side`: this project's speed against flax examples/wmt or JoeyNMT."""
   run("side_by_side")
 
 

@@ -1,0 +1,262 @@
+"""seq2seq-side-by-side --anchor=joeynmt: JoeyNMT's config written from ours, its parameters
+counted against ours, the worker's protocol and the errors of a missing virtualenv, all without
+JoeyNMT. The tests that run JoeyNMT itself need its virtualenv ($JOEYNMT_PYTHON, made by the
+command in seq2seq/performance/anchor_joeynmt.py) and skip without it."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from flax import nnx
+
+from seq2seq.data import corpus, tokenizer
+from seq2seq.errors import UserError
+from seq2seq.models import build_model
+from seq2seq.models.joeynmt_spec import joeynmt_model, joeynmt_parameters, unmatched
+from seq2seq.performance import anchor_joeynmt, joeynmt_files, joeynmt_worker
+from tests.helpers import ENV, ROOT, fast_tiny_config, load_config
+
+JOEYNMT_PYTHON = os.environ.get("JOEYNMT_PYTHON", "")
+JOEYNMT_PYTHON = JOEYNMT_PYTHON and os.path.abspath(JOEYNMT_PYTHON)  # Tests run in other folders.
+needs_joeynmt = pytest.mark.skipif(
+    not JOEYNMT_PYTHON, reason="needs JoeyNMT's virtualenv: set $JOEYNMT_PYTHON to its python")
+
+
+def _ours(config, vocab: int) -> int:
+  model = nnx.eval_shape(lambda: build_model(config, vocab))
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def _variant(name: str, **model):
+  config = load_config(name)
+  for field, value in model.items():
+    config.model[field] = value
+  return config
+
+
+# Our recipes and variants of them that JoeyNMT builds too.
+VARIANTS = {
+    "transformer": _variant("multi30k_transformer"),
+    "transformer, post-LN, untied": _variant("multi30k_transformer", pre_ln=False,
+                                             share_embeddings=False),
+    "transformer, attention dropout": _variant("multi30k_transformer",
+                                               attention_dropout_rate=0.1),
+    "rnn": _variant("multi30k_rnn"),
+    "rnn, gru, one direction, no bridge": _variant("multi30k_rnn", rnn_cell="gru",
+                                                   bidirectional=False, bridge=False),
+    "rnn, 2+2 layers, no input feeding, untied": _variant(
+        "multi30k_rnn", num_encoder_layers=2, num_decoder_layers=2, input_feeding=False,
+        share_embeddings=False),
+}
+
+
+def test_the_recipes_map_onto_joeynmt_layer_for_layer():
+  transformer = joeynmt_model(VARIANTS["transformer"].model)
+  assert transformer["tied_embeddings"] and transformer["tied_softmax"]
+  for side in ("encoder", "decoder"):
+    assert {k: transformer[side][k] for k in ("type", "num_layers", "num_heads", "hidden_size",
+                                              "ff_size", "dropout", "layer_norm")} == {
+        "type": "transformer", "num_layers": 4, "num_heads": 4, "hidden_size": 128,
+        "ff_size": 512, "dropout": 0.1, "layer_norm": "pre"}
+    assert transformer[side]["embeddings"] == {"embedding_dim": 128, "scale": True,
+                                               "dropout": 0.1}
+  rnn = joeynmt_model(VARIANTS["rnn"].model)
+  assert rnn["encoder"] | {"embeddings": None} == {
+      "type": "recurrent", "rnn_type": "lstm", "hidden_size": 256, "num_layers": 1,
+      "bidirectional": True, "dropout": 0.3, "embeddings": None}
+  assert {k: rnn["decoder"][k] for k in ("attention", "input_feeding", "init_hidden",
+                                         "hidden_dropout")} == {
+      "attention": "luong", "input_feeding": True, "init_hidden": "bridge",
+      "hidden_dropout": 0.3}
+
+
+def test_the_recipes_parameters_on_both_sides():
+  """The figures the report gives: JoeyNMT's Transformer has 6,144 attention biases more; its
+  RNN lacks our unused context_proj (131,328) and has torch's second LSTM biases (3,072)."""
+  assert _ours(VARIANTS["transformer"], 5000) == 2_485_760
+  assert joeynmt_parameters(joeynmt_model(VARIANTS["transformer"].model), 5000) == 2_491_904
+  assert _ours(VARIANTS["rnn"], 5000) == 3_708_672
+  assert joeynmt_parameters(joeynmt_model(VARIANTS["rnn"].model), 5000) == 3_580_416
+  assert [n for _, n in unmatched(VARIANTS["rnn"].model, 5000)] == [3072, -131_328, 0, 0]
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_what_differs_accounts_for_every_parameter(name):
+  """Ours plus the parameters each `unmatched` item adds on JoeyNMT's side is the count of
+  JoeyNMT's model: nothing differs that the record does not list."""
+  config, vocab = VARIANTS[name], 700
+  added = sum(n for _, n in unmatched(config.model, vocab))
+  assert _ours(config, vocab) + added == joeynmt_parameters(joeynmt_model(config.model), vocab)
+
+
+@pytest.mark.parametrize("model, expected", [
+    (dict(positions="rope"), "JoeyNMT adds sinusoidal positions only, not"
+     " config.model.positions='rope'"),
+    (dict(attention="linear"), "scaled_dot attention only, not config.model.attention='linear'"),
+    (dict(num_kv_heads=1), "one key/value head per query head"),
+    (dict(family="rnn", attention="concat"), "config.model.attention='concat' has no"
+     " counterpart"),
+    (dict(family="rnn", attention="general", emb_dim=64), "emb_dim equals rnn_hidden_dim"),
+    (dict(family="rnn", attention="general", reverse_source=True), "backwards"),
+])
+def test_what_joeynmt_cannot_build_is_refused_in_one_line(model, expected):
+  config = load_config("multi30k_transformer")
+  config.model.rnn_hidden_dim = config.model.emb_dim
+  for field, value in model.items():
+    config.model[field] = value
+  with pytest.raises(UserError, match="configs/multi30k_rnn.py") as error:
+    joeynmt_model(config.model)
+  assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_joeynmt_config_reads_our_files_with_our_special_pieces(tmp_path):
+  config = VARIANTS["rnn"]
+  cfg = joeynmt_files.joeynmt_config(config, spm_model=tmp_path / "spm.model",
+                                      vocab_file=tmp_path / "vocab.txt", data_dir=tmp_path,
+                                      model_dir=tmp_path / "model")
+  data = cfg["data"]
+  assert (data["train"], data["test"]) == (str(tmp_path / "train"), str(tmp_path / "test"))
+  assert data["src"]["lang"] == "en" and data["trg"]["lang"] == "de"
+  # Ours keeps pairs of at most max_len subwords with BOS/EOS; JoeyNMT counts them without.
+  assert data["src"]["max_length"] == config.data.max_len - 1
+  assert data["src"]["tokenizer_cfg"] == {"model_file": str(tmp_path / "spm.model")}
+  # JoeyNMT's ids: UNK 0 and PAD 1 (ours the other way round), BOS 2 and EOS 3 as ours.
+  assert data["special_symbols"] == {"unk_token": "<unk>", "unk_id": 0, "pad_token": "<pad>",
+                                     "pad_id": 1, "bos_token": "<s>", "bos_id": 2,
+                                     "eos_token": "</s>", "eos_id": 3}
+  assert (cfg["training"]["label_smoothing"], cfg["training"]["clip_grad_norm"]) == (0.1, 1.0)
+  assert cfg["model"] == joeynmt_model(config.model)
+  json.dumps(cfg)  # The worker reads it as JSON.
+
+
+def test_the_vocabulary_file_lists_our_pieces_in_id_order(tmp_path):
+  train = corpus.read_split(fast_tiny_config().data, "train")
+  tok = tokenizer.train_tokenizer(train.src[:300] + train.tgt[:300], tmp_path / "spm", 200)
+  count = joeynmt_files.write_vocabulary(tmp_path / "spm.model", tmp_path / "vocab.txt")
+  pieces = (tmp_path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+  assert count == len(pieces) == tok.vocab_size
+  assert pieces[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
+  assert pieces[10] == tok.pieces([10])[0]
+
+
+def test_the_corpus_files_keep_one_sentence_a_line(tmp_path):
+  train = corpus.ParallelText(["a b", "", "c\u2028d"], ["x", "y", "z"])
+  assert joeynmt_files.write_corpus(train, ["t\x0cu"], tmp_path, "en", "de") == 2
+  assert (tmp_path / "train.en").read_text(encoding="utf-8") == "a b\nc d\n"
+  assert (tmp_path / "train.de").read_text(encoding="utf-8") == "x\nz\n"
+  assert (tmp_path / "test.en").read_text(encoding="utf-8") == "t u\n"
+
+
+def test_replies_are_parsed_and_failures_named_in_one_line(tmp_path):
+  assert anchor_joeynmt.parse_reply('{"seconds": 1.5}\n', "train") == {"seconds": 1.5}
+  with pytest.raises(UserError, match=r"failed at `train`: ValueError: bad\.$"):
+    anchor_joeynmt.parse_reply('{"error": "ValueError: bad"}\n', "train")
+  log = "Traceback (most recent call last):\n  ...\nRuntimeError: killed\n"
+  with pytest.raises(UserError, match=r"failed at `decode`: RuntimeError: killed \(its log:"):
+    anchor_joeynmt.parse_reply("", "decode", log, tmp_path / "worker.log")
+  with pytest.raises(UserError, match="cannot start .*No module named 'torch'.*pip install"):
+    anchor_joeynmt.parse_reply('{"error": "ModuleNotFoundError: No module named \'torch\'"}',
+                               "start")
+
+
+def test_the_worker_answers_each_request_and_survives_errors():
+  def fail():
+    raise ValueError("no\nsecond line")
+
+  requests = io.StringIO('{"command": "add", "arguments": {"a": 1, "b": 2}}\n\n'
+                         '{"command": "fail"}\n{"command": "quit"}\n{"command": "add"}\n')
+  replies = io.StringIO()
+  joeynmt_worker.serve({"add": lambda a, b: {"sum": a + b}, "fail": fail}, requests, replies)
+  answers = [json.loads(line) for line in replies.getvalue().splitlines()]
+  assert [{k: v for k, v in a.items() if k != "idle_cpu_s"} for a in answers] == [
+      {"sum": 3}, {"error": "ValueError: no"}, {"quit": True}]
+  assert all(0 <= a["idle_cpu_s"] < 1 for a in answers)
+
+
+def test_a_python_without_joeynmt_is_refused_naming_the_setup(tmp_path, monkeypatch):
+  with pytest.raises(UserError, match="needs JoeyNMT 2.3.0 in a virtualenv of its own"):
+    anchor_joeynmt.check_python("")
+  with pytest.raises(UserError, match="is not an executable file; make JoeyNMT's virtualenv"):
+    anchor_joeynmt.check_python(str(tmp_path / "missing" / "python"))
+  with pytest.raises(UserError, match=r"cannot import JoeyNMT \(ModuleNotFoundError: No module"
+                     r" named '(sentencepiece|torch|joeynmt)'\); make JoeyNMT's virtualenv"):
+    anchor_joeynmt.check_python(sys.executable)  # This Python has no torch.
+  monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+  worker = anchor_joeynmt.Worker(sys.executable, {"threads": 1}, tmp_path)
+  try:
+    with pytest.raises(UserError) as error:
+      worker.request("start")  # This Python has no torch.
+  finally:
+    worker.close()
+  assert str(error.value).startswith("JoeyNMT's worker cannot start (ModuleNotFoundError: No"
+                                     " module named 'torch'); make JoeyNMT's virtualenv with")
+  assert anchor_joeynmt.SETUP_COMMAND in str(error.value)
+  assert worker.process.returncode == 0
+
+
+def test_the_command_without_a_virtualenv_says_how_to_make_one():
+  env = {k: v for k, v in ENV.items() if k != "JOEYNMT_PYTHON"}
+  result = subprocess.run([sys.executable, "-c", "from seq2seq.commands import main;"
+                           " main.side_by_side()", "--anchor=joeynmt"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [
+      f"error: --anchor=joeynmt needs JoeyNMT 2.3.0 in a virtualenv of its own; make JoeyNMT's"
+      f" virtualenv with `{anchor_joeynmt.SETUP_COMMAND}` and pass"
+      " --joeynmt_python=.anchors/joeynmt/bin/python (or set $JOEYNMT_PYTHON)."]
+
+
+def test_the_summary_is_of_medians_ours_over_joeynmts():
+  def train(seconds):
+    return [{"seconds": s, "tokens": 100, "padded_tokens": 200, "idle_cpu_s": 0.01,
+             "other_cpu_s": 0.02} for s in seconds]
+
+  def decode(seconds):
+    return [{"seconds": s, "sentences": 10, "rows": 16, "output_tokens": 40, "idle_cpu_s": 0.01,
+             "other_cpu_s": 0.02} for s in seconds]
+
+  record = anchor_joeynmt.summary({"project": train([1, 2, 9]), "anchor": train([4, 4, 1])},
+                                  {"project": decode([1, 1, 1]), "anchor": decode([2, 5, 2])})
+  assert record["train_tgt_tok_s"] == {"project": 50.0, "anchor": 25.0}
+  assert record["train_ratio"] == 2.0 and record["decode_ratio"] == 2.0
+  assert record["train_target_padding"] == {"project": 0.5, "anchor": 0.5}
+  assert record["idle_cpu_s"] == {"project": 0.12, "anchor": 0.06}
+
+
+@needs_joeynmt
+def test_joeynmt_builds_the_parameters_we_count(tmp_path):
+  models = {name: joeynmt_model(c.model) for name, c in VARIANTS.items()}
+  script = (
+      "import json, sys\nfrom types import SimpleNamespace\n"
+      "from joeynmt.model import build_model\nfrom joeynmt.vocabulary import Vocabulary\n"
+      "s = SimpleNamespace(unk_token='<unk>', pad_token='<pad>', bos_token='<s>',"
+      " eos_token='</s>', unk_id=0, pad_id=1, bos_id=2, eos_id=3, sep_token=None, sep_id=None,"
+      " lang_tags=[])\n"
+      "v = Vocabulary([f't{i}' for i in range(696)], s)\n"
+      "print(json.dumps({n: sum(p.numel() for p in build_model(m, v, v).parameters())"
+      " for n, m in json.load(sys.stdin).items()}))\n")
+  result = subprocess.run([JOEYNMT_PYTHON, "-I", "-c", script], input=json.dumps(models),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert json.loads(result.stdout) == {n: joeynmt_parameters(m, 700) for n, m in models.items()}
+
+
+@needs_joeynmt
+@pytest.mark.slow
+def test_a_tiny_comparison_runs_both_sides_end_to_end():
+  config = fast_tiny_config()
+  record = anchor_joeynmt.compare(config, anchor_joeynmt.check_python(JOEYNMT_PYTHON), rounds=1,
+                                  steps=2, beam=2, sentences=4, name="tiny")
+  assert record["params"]["anchor"] == record["params"]["anchor_expected"]
+  assert record["params"]["project"] + sum(u["params"] for u in record["unmatched"]) == (
+      record["params"]["anchor"])
+  assert record["threads"]["project"] == record["threads"]["anchor"]
+  assert record["decode_sentences"] == 4 and record["train_ratio"] > 0
+  assert record["decode_ratio"] > 0
+  print(json.dumps(record))
+  tokens = record["target_tokens_per_batch"]
+  assert abs(tokens["anchor"] / tokens["project"] - 1) < 0.1
