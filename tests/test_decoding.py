@@ -10,7 +10,7 @@ import pytest
 
 from seq2seq.config import base_config
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding import search, translator
+from seq2seq.decoding import search, top_k, translator
 from seq2seq.models import build_model
 from seq2seq.runtime import compiling
 from tests.helpers import VAL
@@ -230,6 +230,31 @@ def test_no_search_gives_pad_or_bos_even_where_the_model_prefers_them():
   assert set(sampled[:, 0].tolist()) == {A, B}
 
 
+def test_filler_rows_keep_no_search_stepping():
+  """A batch's filler rows (all-PAD sources: `search.in_use`) are finished before the first
+  step. Here row 0's sentence ends after two tokens and row 1, a filler, would never end: greedy
+  gives the filler nothing, and beam search stops with row 0, where it stepped to the cap (8)
+  for the filler before; row 0's own translation is the same either way."""
+  ends = jnp.log(jnp.asarray(transition_table({BOS_ID: {A: 1.0}, A: {EOS_ID: 1.0}})) + 1e-12)
+  never = jnp.log(jnp.asarray(transition_table({BOS_ID: {C: 1.0}, C: {C: 1.0}})))
+
+  def step(filler, token_ids):
+    return jnp.where(filler[:, None], never[token_ids], ends[token_ids]), filler
+
+  rows = search.in_use(jnp.array([[A, EOS_ID, PAD_ID], [PAD_ID] * 3]), 2)
+  np.testing.assert_array_equal(rows, [True, False])
+  filler = jnp.array([False, True])
+  greedy, _, lengths = search.token_by_token(step, filler, 2, 8, search.Greedy.pick, rows)
+  np.testing.assert_array_equal(greedy, [[A, EOS_ID] + [PAD_ID] * 6, [PAD_ID] * 8])
+  np.testing.assert_array_equal(lengths, [2, 0])
+  beams = jnp.repeat(filler, 2)
+  ids, _ = search.beam_search(step, beams, 2, 8, beam_size=2, alpha=0.0, rows=rows)
+  stepped_for_all, _ = search.beam_search(step, beams, 2, 8, beam_size=2, alpha=0.0)
+  np.testing.assert_array_equal(ids[0], stepped_for_all[0])
+  np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID] + [PAD_ID] * 6)
+  assert (ids[1, 0] != PAD_ID).sum() == 2 and (stepped_for_all[1, 0] != PAD_ID).sum() == 8
+
+
 def test_distinct_sentences_draw_with_distinct_keys():
   """Each sentence's key comes from the seed and all of its subwords: two sentences that a
   sum of id * 1000003^i wrapping at 2^32 could not tell apart draw apart, on a model that
@@ -320,7 +345,7 @@ def test_top_k_by_chunks_equals_lax_top_k(n, k):
   x = jax.random.normal(jax.random.key(0), (5, n))
   x = x.at[1].set(jnp.round(x[1] * 2) / 2)  # Many ties: the lower index must win.
   x = x.at[2, : n // 2].set(-1e9)  # Dead beams' candidates, as in beam search.
-  values, index = search.chunked_top_k(x, k, chunk=64)
+  values, index = top_k.chunked_top_k(x, k, chunk=64)
   expected_values, expected_index = jax.lax.top_k(x, k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(index, expected_index)

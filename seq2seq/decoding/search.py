@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.decoding.top_k import chunked_top_k
 
 NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
 
@@ -31,8 +32,17 @@ def translatable(scores: jnp.ndarray, fill: float = -jnp.inf) -> jnp.ndarray:
   return scores.at[..., jnp.array([PAD_ID, BOS_ID])].set(fill)
 
 
-def token_by_token(step_fn, cache, batch_size: int, max_len: int,
-                   pick) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+def in_use(src_ids: jnp.ndarray | None, batch_size: int) -> jnp.ndarray:
+  """`[batch]` bool: the rows that hold a sentence, not all PAD as a batch's filler rows are
+  (even an empty sentence has EOS). A search must not step for fillers: their hypotheses, from a
+  source of nothing, seldom end, and one kept a whole batch of 128 stepping to its cap."""
+  if src_ids is None:
+    return jnp.ones((batch_size,), bool)
+  return src_ids[:, 0] != PAD_ID
+
+
+def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
+                   rows: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Extends one hypothesis per sentence by the token `pick` chooses, until EOS or `max_len`.
 
   Args:
@@ -42,6 +52,8 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
     max_len: most tokens to produce per sentence (EOS included).
     pick: `(logits [batch, vocab], step) -> token ids [batch]` (a strategy's `picker`), given
       the logits of PAD and BOS at -inf (`translatable`).
+    rows: `[batch]` bool, the rows in use (`in_use`); the others start finished (all PAD,
+      score 0). None: all.
 
   Returns:
     `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD; `[batch]`
@@ -66,7 +78,8 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int,
             lengths)
 
   init = (jnp.zeros((), jnp.int32), cache, jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
-          jnp.full((batch_size,), BOS_ID, jnp.int32), jnp.zeros((batch_size,), bool),
+          jnp.full((batch_size,), BOS_ID, jnp.int32),
+          jnp.zeros((batch_size,), bool) if rows is None else ~rows,
           jnp.zeros((batch_size,), jnp.float32), jnp.zeros((batch_size,), jnp.int32))
   _, _, tokens, _, _, log_probs, lengths = jax.lax.while_loop(cond, body, init)
   return tokens, log_probs, lengths
@@ -126,26 +139,6 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   return tuple(lengths)
 
 
-def chunked_top_k(x: jnp.ndarray, k: int, chunk: int = 128) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """`jax.lax.top_k` of `x [rows, n]`, searching only the chunks that can hold a winner.
-
-  Every one of the k best lies in a chunk of `chunk` neighbours whose maximum is among the k best
-  chunk maxima, so one vectorised max over all of `x` and a top_k over `k * chunk` candidates
-  replace XLA:CPU's TopK over all n, which is several times slower on beam search's `[batch, beam *
-  vocab]`. Values and indices equal `jax.lax.top_k`'s, ties included (lower index first): the chosen
-  chunks are kept in index order.
-  """
-  rows, n = x.shape
-  if n <= 2 * k * chunk:
-    return jax.lax.top_k(x, k)
-  x = jnp.pad(x, ((0, 0), (0, -n % chunk)), constant_values=-jnp.inf)
-  chunks = x.reshape(rows, -1, chunk)
-  best_chunks = jnp.sort(jax.lax.top_k(chunks.max(axis=-1), k)[1], axis=-1)  # [rows, k]
-  candidates = jnp.take_along_axis(chunks, best_chunks[:, :, None], axis=1).reshape(rows, -1)
-  values, index = jax.lax.top_k(candidates, k)
-  return values, jnp.take_along_axis(best_chunks, index // chunk, axis=1) * chunk + index % chunk
-
-
 class BeamState(NamedTuple):
   """Beam search's loop state for `b` sentences of `k` beams (a pytree)."""
   step: jnp.ndarray  # Scalar int32: tokens produced so far.
@@ -175,12 +168,14 @@ def _gather_beams(x: jnp.ndarray, beam_index: jnp.ndarray) -> jnp.ndarray:
                              axis=1)
 
 
-def _can_improve(state: BeamState, end: int, max_len: int, alpha: float, nbest: int):
-  """Whether to take another step: before `end`, while some sentence's best live hypothesis
-  can still beat its `nbest`-th finished one. With alpha >= 0 a live score can only fall, to
-  at best `log_prob / length_penalty(max_len)`."""
+def _can_improve(state: BeamState, end: int, max_len: int, alpha: float, nbest: int,
+                 rows: jnp.ndarray):
+  """Whether to take another step: before `end`, while some sentence (of `rows`, those in
+  use) has a best live hypothesis that can still beat its `nbest`-th finished one. With alpha
+  >= 0 a live score can only fall, to at best `log_prob / length_penalty(max_len)`."""
   best_possible = state.alive_log_probs[:, 0] / length_penalty(max_len, alpha)
-  return (state.step < end) & jnp.any(best_possible > state.finished_scores[:, nbest - 1])
+  improvable = best_possible > state.finished_scores[:, nbest - 1]
+  return (state.step < end) & jnp.any(improvable & rows)
 
 
 def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
@@ -225,7 +220,8 @@ def _nbest(state: BeamState, alpha: float, nbest: int) -> tuple[jnp.ndarray, jnp
 
 
 def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int,
-                alpha: float, nbest: int = 1) -> tuple[jnp.ndarray, jnp.ndarray]:
+                alpha: float, nbest: int = 1,
+                rows: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search with the GNMT length penalty and early stopping.
 
   Each step extends every live beam by every token and keeps the `2 * beam` best extensions: those
@@ -248,6 +244,8 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     beam_size: live hypotheses per sentence.
     alpha: length-penalty exponent (0: plain log-probability).
     nbest: hypotheses returned per sentence, 1 to `beam_size` (`Beam` checks it).
+    rows: `[batch]` bool, the sentences in use (`in_use`): only they keep the search stepping
+      (what the others get is not a translation). None: all.
 
   Returns:
     (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD; scores `[batch,
@@ -261,7 +259,8 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     if resizable:
       state = state._replace(cache=state.cache.resized(length))
     cond = functools.partial(_can_improve, end=length, max_len=max_len, alpha=alpha,
-                             nbest=nbest)
+                             nbest=nbest, rows=jnp.ones((batch_size,), bool) if rows is None
+                             else rows)
     state = jax.lax.while_loop(cond, body, state)
   return _nbest(state, alpha, nbest)
 
@@ -281,7 +280,8 @@ class _OneHypothesis:
     """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` (`src_ids`: the
     sentences, `[batch, src_len]`, and `seed`, for a strategy whose picks depend on them)."""
     pick = self.picker(batch_size, src_ids, seed)
-    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick)
+    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick,
+                                             in_use(src_ids, batch_size))
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
   def picker(self, batch_size: int, src_ids: jnp.ndarray | None, seed=None):
@@ -372,9 +372,9 @@ class Beam:
   def search(self, step_fn, cache, batch_size: int, max_len: int,
              src_ids: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
-    del src_ids, seed
+    del seed
     return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
-                       alpha=self.alpha, nbest=self.nbest)
+                       alpha=self.alpha, nbest=self.nbest, rows=in_use(src_ids, batch_size))
 
 
 Strategy = Greedy | Sampling | Beam
