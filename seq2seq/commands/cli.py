@@ -188,7 +188,7 @@ def _status_of(fn: Callable[[], int | None]) -> int:
 
 def run_main(fn: Callable[[], int | None],
              interrupted: str | Callable[[], str] = "nothing half-written was kept") -> None:
-  """Runs `fn()` and ends the process (`_end`) with its status: 0, or the `int` it returns
+  """Runs `fn()` and ends the process (`end`) with its status: 0, or the `int` it returns
   (the sweep's 1 when a run failed). A `UserError` prints `error: <message>` and exits with
   status 2, and so does a full disk or a read-only destination (`errors.file_fault`).
 

@@ -79,7 +79,7 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
 
   init = (jnp.zeros((), jnp.int32), cache, jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
           jnp.full((batch_size,), BOS_ID, jnp.int32),
-          jnp.zeros((batch_size,), bool) if rows is None else ~rows,
+          ~(in_use(None, batch_size) if rows is None else rows),
           jnp.zeros((batch_size,), jnp.float32), jnp.zeros((batch_size,), jnp.int32))
   _, _, tokens, _, _, log_probs, lengths = jax.lax.while_loop(cond, body, init)
   return tokens, log_probs, lengths
@@ -253,14 +253,14 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     unfinished ones (cut at max_len) only fill the list when fewer than `nbest` finished.
   """
   state = BeamState.initial(cache, batch_size, beam_size, max_len)
+  rows = in_use(None, batch_size) if rows is None else rows
   body = functools.partial(_beam_step, step_fn, alpha)
   resizable = hasattr(cache, "resized")
   for length in cache_lengths(max_len) if resizable else (max_len,):
     if resizable:
       state = state._replace(cache=state.cache.resized(length))
     cond = functools.partial(_can_improve, end=length, max_len=max_len, alpha=alpha,
-                             nbest=nbest, rows=jnp.ones((batch_size,), bool) if rows is None
-                             else rows)
+                             nbest=nbest, rows=rows)
     state = jax.lax.while_loop(cond, body, state)
   return _nbest(state, alpha, nbest)
 
