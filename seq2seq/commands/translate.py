@@ -26,6 +26,7 @@ from seq2seq.data.textio import as_lines, check_output, read_lines, write_lines
 from seq2seq.decoding import alignment
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
+from seq2seq.runtime import signals
 
 _RUN = define_run_flags(ensemble=True)
 _NBEST = flags.DEFINE_integer("nbest", 1, "Translations per input line (<= beam_size).")
@@ -99,9 +100,13 @@ def main(argv):
       print("Type a sentence and Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
       for index, line in enumerate(sys.stdin):
         out = _output_lines(_translate(translator, [line.rstrip("\r\n")]), index)
-        sys.stdout.write(as_lines(out))
-        sys.stdout.flush()
-        printed.append(index)
+        # A signal as the line is printed waits for its count: the reader may have seen the
+        # line and pressed Ctrl-C before `flush` returned here.
+        with signals.defer_interrupts():
+          sys.stdout.write(as_lines(out))
+          sys.stdout.flush()
+          printed.append(index)
+        signals.raise_if_interrupted()
       return
     out = _output_lines(_translate(translator, lines))
     if _OUTPUT.value == "-":
