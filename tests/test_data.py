@@ -402,7 +402,7 @@ def test_train_batches_have_at_most_num_buckets_shapes():
 
 
 def test_one_length_batches_pad_each_sentence_to_its_own_grid_length():
-  """`one_length=True` (translation): a sentence's batch length is a function of the sentence
+  """`one_length=True` (one cap per batch): a sentence's batch length is a function of the sentence
   alone, so translating it with any other sentences gives it the same decoding cap."""
   src, _ = _synthetic(103)
   empty = [np.zeros(0, np.int32)] * len(src)

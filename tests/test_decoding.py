@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from seq2seq.config import base_config
+from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding import search, top_k, translator
+from seq2seq.decoding import beams, search, top_k, translator
 from seq2seq.models import build_model
 from seq2seq.runtime import compiling
 from tests.helpers import VAL
@@ -131,6 +132,44 @@ def test_padding_to_a_longer_grid_length_changes_no_translation(model):
     wide_ids, wide_scores = search.generate(model, wider, strategy, max_len=10)
     np.testing.assert_array_equal(wide_ids, ids)
     np.testing.assert_allclose(wide_scores, scores, rtol=1e-5, atol=1e-5)
+
+
+class NeverEnds:
+  """`model` with EOS never picked: every hypothesis runs to its cap."""
+
+  def __init__(self, model):
+    self.encode, self.init_cache = model.encode, model.init_cache
+    self._step = model.decode_step
+
+  def decode_step(self, memory, cache, token_ids):
+    logits, cache = self._step(memory, cache, token_ids)
+    return logits.at[:, EOS_ID].set(-1e9), cache
+
+
+def test_each_sentence_decodes_to_its_own_cap(model):
+  """`caps`: sentences of several caps share a batch, each cut at its own, and decode as each
+  does alone with its cap as max_len (ids exactly, scores to float rounding)."""
+  never, caps = NeverEnds(model), [3, 7, 5]
+  for strategy in (search.Greedy(0.6), search.Beam(3, 0.6, 2)):
+    ids, scores = search.generate(never, SRC, strategy, max_len=10, caps=jnp.array(caps))
+    for row, cap in enumerate(caps):
+      alone_ids, alone_scores = search.generate(never, SRC[row:row + 1], strategy, max_len=cap)
+      assert np.all(alone_ids != PAD_ID)
+      np.testing.assert_array_equal(ids[row, :, :cap], alone_ids[0])
+      assert np.all(ids[row, :, cap:] == PAD_ID)
+      np.testing.assert_allclose(scores[row], alone_scores[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_sentences_cap_is_that_of_its_own_grid_length():
+  """`search.decode_caps`: a * (the sentence's length with EOS, padded to the grid) + b, at
+  most the model's max_len, whatever the batch's padded length."""
+  lengths = [1, 8, 9, 17, 40, 60]  # Grid lengths 8, 8, 16, 24, 48, 64.
+  src = np.zeros((len(lengths), 64), np.int32)
+  for row, n in enumerate(lengths):
+    src[row, :n - 1], src[row, n - 1] = 7, EOS_ID
+  caps = search.decode_caps(jnp.asarray(src), 1.5, 10, 64)
+  np.testing.assert_array_equal(caps, [22, 22, 34, 46, 64, 64])
+  assert [search.max_decode_len(n, 1.5, 10, 64) for n in (8, 16, 24, 48)] == [22, 34, 46, 64]
 
 
 def test_cached_decoding_equals_uncached(model):
@@ -340,6 +379,22 @@ def test_every_seed_samples_with_one_compiled_program(run):
       .tolist() for seed in (-1, 2**33)]
 
 
+def test_sentences_of_every_length_share_a_batch_and_translate_as_alone(run):
+  """`Translator` batches sentences of several grid lengths together (one program, one
+  batch, where one-length batches took one each): each translation and score is the one it
+  gets alone."""
+  sentences = [VAL[0][0], VAL[1][0] + " " + VAL[2][0], "A dog."]
+  together = translator.Translator(run, "latest", beam_size=3)
+  lengths = [len(together.source_ids(sentence)) + 1 for sentence in sentences]
+  assert len({batching.grid_length(n, together.config.model.max_len) for n in lengths}) == 3
+  both = together.translate(sentences)
+  assert len(together._search) == 1  # noqa: SLF001 (the programs it compiled, one per shape)
+  for sentence, found in zip(sentences, both, strict=True):
+    alone = translator.Translator(run, "latest", beam_size=3).translate([sentence])[0]
+    assert found[0][0] == alone[0][0]
+    np.testing.assert_allclose(found[0][1], alone[0][1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])
 def test_top_k_by_chunks_equals_lax_top_k(n, k):
   x = jax.random.normal(jax.random.key(0), (5, n))
@@ -351,6 +406,24 @@ def test_top_k_by_chunks_equals_lax_top_k(n, k):
   np.testing.assert_array_equal(index, expected_index)
 
 
+def test_best_extensions_are_the_best_of_every_hypothesis_and_token():
+  """`top_k.best_extensions` (each hypothesis's best tokens first) picks what the top of all
+  `beam * vocab` sums of live log-probability and log-softmax picks, PAD and BOS excluded."""
+  b, k, vocab = 3, 4, 5000  # 5,000: chunks of 125, no padding.
+  logits = 4 * jax.random.normal(jax.random.key(1), (b * k, vocab))
+  alive = jnp.array([[-1.0, -1.5, -2.0, -2.5], [0.0, search.NEG_INF, search.NEG_INF,
+                                                search.NEG_INF], [-3.0, -3.1, -3.2, -9.0]])
+  log_probs, beam, token = top_k.best_extensions(
+      logits, search.translatable(logits, search.NEG_INF), alive, 2 * k)
+  every = (alive.reshape(b * k, 1) + search.translatable(jax.nn.log_softmax(logits),
+                                                         search.NEG_INF)).reshape(b, -1)
+  expected, index = jax.lax.top_k(every, 2 * k)
+  np.testing.assert_allclose(log_probs, expected, rtol=1e-6)
+  np.testing.assert_array_equal(beam, index // vocab)
+  np.testing.assert_array_equal(token, index % vocab)
+  assert np.all(beam[1] == 0)  # Only the first beam lives at the first step.
+
+
 def test_beams_sharing_one_memory_row_equal_beams_with_copies():
   """The Transformer's `for_beams` memory (one row per sentence) decodes as the copied one."""
   c = base_config()
@@ -358,8 +431,8 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
   c.model.num_encoder_layers = c.model.num_decoder_layers = 2
   model = build_model(c, 30)
   memory = model.encode(SRC)
-  shared = search.expand_to_beams(memory, 3)
-  copied = search.expand_to_beams(memory, 3, copy_all=True)
+  shared = beams.expand_to_beams(memory, 3)
+  copied = beams.expand_to_beams(memory, 3, copy_all=True)
   assert shared.cross_kv[0][0].shape[0] == 3 and copied.cross_kv[0][0].shape[0] == 9
   results = [search.beam_search(functools.partial(model.decode_step, m),
                                   model.init_cache(m, 8), 3, 8, beam_size=3, alpha=0.6)
@@ -372,12 +445,12 @@ def test_beams_sharing_one_memory_row_equal_beams_with_copies():
 
 
 def test_cache_lengths_halve_max_len_down_to_the_shortest_phase():
-  assert search.cache_lengths(40) == (20, 40)
-  assert search.cache_lengths(150) == (18, 37, 75, 150)
-  assert search.cache_lengths(256) == (16, 32, 64, 128, 256)
-  assert search.cache_lengths(31) == (31,)
-  assert search.cache_lengths(20, shortest=8) == (10, 20)
-  assert search.cache_lengths(3, shortest=1) == (1, 3)
+  assert beams.cache_lengths(40) == (20, 40)
+  assert beams.cache_lengths(150) == (18, 37, 75, 150)
+  assert beams.cache_lengths(256) == (16, 32, 64, 128, 256)
+  assert beams.cache_lengths(31) == (31,)
+  assert beams.cache_lengths(20, shortest=8) == (10, 20)
+  assert beams.cache_lengths(3, shortest=1) == (1, 3)
 
 
 @pytest.mark.parametrize("attention", ["scaled_dot", "local"])
@@ -388,7 +461,7 @@ def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatc
   c.model.num_encoder_layers = c.model.num_decoder_layers = 2
   c.model.attention, c.model.attention_window = attention, 3
   model = build_model(c, 30)
-  memory = search.expand_to_beams(model.encode(SRC), 3)
+  memory = beams.expand_to_beams(model.encode(SRC), 3)
   cache = model.init_cache(memory, 20)
 
   def step(cache, token_ids):  # Never EOS: every hypothesis runs through all three phases.
@@ -399,7 +472,7 @@ def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatc
     return jax.jit(lambda cache: search.beam_search(step, cache, 3, 20, beam_size=3,
                                                       alpha=0.6, nbest=3))(cache)
 
-  cache_lengths = search.cache_lengths
+  cache_lengths = beams.cache_lengths
   monkeypatch.setattr(search, "cache_lengths", lambda max_len: cache_lengths(max_len, 5))
   assert search.cache_lengths(20) == (5, 10, 20)
   phased = decode()

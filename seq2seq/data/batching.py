@@ -341,9 +341,9 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
     max_len: truncate each side to `max_len - 1` ids so that with EOS/BOS it fits in
       `max_len`, the grid's cap (config.model.max_len).
     one_length: each batch holds examples of one grid length only, so every example is
-      padded to its own length. Translation asks for it: the decoding cap is a function of
-      the padded source length, so a sentence's translation then depends on it alone, not
-      on the other sentences it shares a batch with.
+      padded to its own length, and a batch has one decoding cap: for a decoder that takes
+      one per batch (JoeyNMT's, in `seq2seq-side-by-side --anchor=joeynmt`). Ours decode each
+      sentence to its own cap (`search.decode_caps`) in batches of every length.
 
   Returns:
     Batches with "src", "tgt_in", "tgt_out" (int32 `[batch_size, L]`, L from

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seq2seq.decoding import search
+from seq2seq.decoding import beams
 
 
 def stack(params: Sequence) -> object:
@@ -28,8 +28,8 @@ class Memory(NamedTuple):
   groups: tuple
 
   def for_beams(self, beam_size: int) -> "Memory":
-    """Each member's memory expanded as `search.expand_to_beams` expands one model's."""
-    return Memory(tuple(jax.vmap(lambda m: search.expand_to_beams(m, beam_size))(memory)
+    """Each member's memory expanded as `beams.expand_to_beams` expands one model's."""
+    return Memory(tuple(jax.vmap(lambda m: beams.expand_to_beams(m, beam_size))(memory)
                         for memory in self.groups))
 
 
@@ -39,8 +39,8 @@ class Cache(NamedTuple):
 
   def select(self, rows: jnp.ndarray) -> "Cache":
     """The cache of hypotheses `rows` (beam search's reordering), member by member
-    (`search.select_rows` of each)."""
-    return type(self)(tuple(jax.vmap(lambda c: search.select_rows(c, rows))(cache)
+    (`beams.select_rows` of each)."""
+    return type(self)(tuple(jax.vmap(lambda c: beams.select_rows(c, rows))(cache)
                             for cache in self.groups))
 
 

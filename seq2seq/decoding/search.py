@@ -19,8 +19,10 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding.top_k import chunked_top_k
+from seq2seq.decoding.beams import cache_lengths, expand_to_beams, select_rows
+from seq2seq.decoding.top_k import best_extensions
 
 NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
 
@@ -42,7 +44,8 @@ def in_use(src_ids: jnp.ndarray | None, batch_size: int) -> jnp.ndarray:
 
 
 def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
-                   rows: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+                   rows: jnp.ndarray | None = None, caps: jnp.ndarray | None = None
+                   ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Extends one hypothesis per sentence by the token `pick` chooses, until EOS or `max_len`.
 
   Args:
@@ -54,6 +57,7 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
       the logits of PAD and BOS at -inf (`translatable`).
     rows: `[batch]` bool, the rows in use (`in_use`); the others start finished (all PAD,
       score 0). None: all.
+    caps: `[batch]` int32, each row's own most tokens (at most `max_len`); None: `max_len`.
 
   Returns:
     `[batch, max_len]` int32 ids: the tokens up to and including EOS, then PAD; `[batch]`
@@ -74,9 +78,10 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
     lengths = lengths + (~finished).astype(jnp.int32)
     next_ids = jnp.where(finished, PAD_ID, next_ids)
     tokens = tokens.at[:, i].set(next_ids)
-    return (i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID), log_probs,
-            lengths)
+    return (i + 1, cache, tokens, next_ids, finished | (next_ids == EOS_ID) | (i + 1 >= caps),
+            log_probs, lengths)
 
+  caps = jnp.full((batch_size,), max_len, jnp.int32) if caps is None else caps
   init = (jnp.zeros((), jnp.int32), cache, jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
           jnp.full((batch_size,), BOS_ID, jnp.int32),
           ~(in_use(None, batch_size) if rows is None else rows),
@@ -95,48 +100,20 @@ def max_decode_len(src_len: int, a: float, b: int, limit: int) -> int:
   return max(1, min(int(a * src_len + b), limit))
 
 
+def decode_caps(src, a: float, b: int, limit: int) -> jnp.ndarray:
+  """Each sentence's most output tokens (`[batch]` int32, for `src [batch, src_len]`): the cap
+  of its own length with EOS, padded to the evaluation grid (`batching.grid_length`), as if it
+  were translated alone. Sentences of every length then share a batch, and a translation does
+  not depend on the sentences beside it."""
+  grid = batching.grid_lengths(limit)
+  table = jnp.array([max_decode_len(n, a, b, limit) for n in grid], jnp.int32)
+  lengths = jnp.minimum(jnp.sum(src != PAD_ID, axis=1), limit)
+  return table[jnp.searchsorted(jnp.array(grid), lengths, side="left")]
+
+
 def length_penalty(length, alpha: float):
   """GNMT length penalty (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
   return ((5.0 + length) / 6.0) ** alpha
-
-
-def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
-  """Repeats every batch-major array of a memory/cache pytree `beam_size` times.
-
-  `[batch, ...]` -> `[batch * beam_size, ...]`, each sentence's copies adjacent; scalars (positions,
-  step counters) are shared and left as they are. A memory with a `for_beams(beam_size)` method
-  expands itself instead (the Transformer's keeps one copy of what the beams only read), unless
-  `copy_all` asks for a copy of everything per beam (a decoder without shared memory: the
-  benchmark's baselines).
-  """
-  if hasattr(tree, "for_beams") and not copy_all:
-    return tree.for_beams(beam_size)
-  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
-
-
-def select_rows(cache, rows: jnp.ndarray):
-  """The cache of the hypotheses `rows` (`[batch * beam]` indices): every batch-major array
-  gathered, scalars left as they are. A cache with a `select(rows)` method (an ensemble's,
-  whose arrays lead with a member axis) reorders itself."""
-  if hasattr(cache, "select"):
-    return cache.select(rows)
-  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], cache)
-
-
-def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
-  """The cache sizes beam search decodes with, one phase each: `max_len` halved while
-  the half holds at least `shortest` tokens, smallest first (40: 20, 40; 150: 18, 37, 75, 150).
-
-  Every beam-search step copies the whole cache (each hypothesis takes its parent's keys and
-  values), and self-attention reads all of it; a cache sized for `max_len` from the first step
-  copies and reads slots that nothing has written yet. Each phase costs one more compiled copy of
-  the step, so phases are no shorter than `shortest` steps: shorter ones cost more compile time than
-  they save (docs/performance.md).
-  """
-  lengths = [max_len]
-  while lengths[0] // 2 >= shortest:
-    lengths.insert(0, lengths[0] // 2)
-  return tuple(lengths)
 
 
 class BeamState(NamedTuple):
@@ -168,26 +145,25 @@ def _gather_beams(x: jnp.ndarray, beam_index: jnp.ndarray) -> jnp.ndarray:
                              axis=1)
 
 
-def _can_improve(state: BeamState, end: int, max_len: int, alpha: float, nbest: int,
+def _can_improve(state: BeamState, end: int, caps: jnp.ndarray, alpha: float, nbest: int,
                  rows: jnp.ndarray):
   """Whether to take another step: before `end`, while some sentence (of `rows`, those in
-  use) has a best live hypothesis that can still beat its `nbest`-th finished one. With alpha
-  >= 0 a live score can only fall, to at best `log_prob / length_penalty(max_len)`."""
-  best_possible = state.alive_log_probs[:, 0] / length_penalty(max_len, alpha)
+  use, before its cap) has a best live hypothesis that can still beat its `nbest`-th finished
+  one. With alpha >= 0 a live score can only fall, to at best `log_prob / length_penalty(cap)`."""
+  best_possible = state.alive_log_probs[:, 0] / length_penalty(caps, alpha)
   improvable = best_possible > state.finished_scores[:, nbest - 1]
-  return (state.step < end) & jnp.any(improvable & rows)
+  return (state.step < end) & jnp.any(improvable & rows & (state.step < caps))
 
 
-def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
+def _beam_step(step_fn, alpha: float, caps: jnp.ndarray, state: BeamState) -> BeamState:
   """Extends every live beam by every token and keeps the `2 * k` best extensions: those
-  ending in EOS join the finished set, the best `k` others stay live."""
+  ending in EOS join the finished set, the best `k` others stay live. A sentence at its cap
+  (`caps [b]`) keeps its hypotheses as they are."""
   (b, k), i = state.last.shape, state.step
   logits, cache = step_fn(state.cache, state.last.reshape(b * k))
-  log_probs = translatable(jax.nn.log_softmax(logits.astype(jnp.float32)), NEG_INF)
-  vocab = log_probs.shape[-1]
-  candidates = (state.alive_log_probs.reshape(b * k, 1) + log_probs).reshape(b, k * vocab)
-  top_log_probs, top_index = chunked_top_k(candidates, 2 * k)  # [b, 2k]
-  top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+  logits = logits.astype(jnp.float32)
+  top_log_probs, top_beam, top_token = best_extensions(logits, translatable(logits, NEG_INF),
+                                                       state.alive_log_probs, 2 * k)
   top_seq = _gather_beams(state.alive_seq, top_beam).at[:, :, i].set(top_token)
   is_eos = top_token == EOS_ID
 
@@ -200,16 +176,21 @@ def _beam_step(step_fn, alpha: float, state: BeamState) -> BeamState:
   scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
   seqs = jnp.concatenate([state.finished_seq, top_seq], axis=1)
   finished_scores, best = jax.lax.top_k(scores, k)
-  return BeamState(step=i + 1, cache=select_rows(cache, flat_beams),
-                   last=_gather_beams(top_token, keep), alive_seq=_gather_beams(top_seq, keep),
-                   alive_log_probs=alive_log_probs, finished_seq=_gather_beams(seqs, best),
-                   finished_scores=finished_scores)
+  new = dict(last=_gather_beams(top_token, keep), alive_seq=_gather_beams(top_seq, keep),
+             alive_log_probs=alive_log_probs, finished_seq=_gather_beams(seqs, best),
+             finished_scores=finished_scores)
+  going = i < caps
+  new = {name: jnp.where(going.reshape((b,) + (1,) * (x.ndim - 1)), x, getattr(state, name))
+         for name, x in new.items()}
+  return BeamState(step=i + 1, cache=select_rows(cache, flat_beams), **new)
 
 
-def _nbest(state: BeamState, alpha: float, nbest: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+def _nbest(state: BeamState, alpha: float, nbest: int,
+           caps: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
   """The `nbest` best hypotheses per sentence and their scores: finished ones first; a sentence
-  with fewer than `nbest` of them (max_len reached) is completed with live ones, scored so."""
-  alive_final = state.alive_log_probs / length_penalty(state.step.astype(jnp.float32), alpha)
+  with fewer than `nbest` of them (its cap reached) is completed with live ones, scored so."""
+  length = jnp.minimum(state.step, caps).astype(jnp.float32)[:, None]
+  alive_final = state.alive_log_probs / length_penalty(length, alpha)
   finished = state.finished_scores > NEG_INF / 2
   scores = jnp.concatenate([state.finished_scores, alive_final], axis=1)
   rank = scores + jnp.concatenate([jnp.where(finished, 0.0, 2 * NEG_INF),
@@ -220,8 +201,8 @@ def _nbest(state: BeamState, alpha: float, nbest: int) -> tuple[jnp.ndarray, jnp
 
 
 def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int,
-                alpha: float, nbest: int = 1,
-                rows: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+                alpha: float, nbest: int = 1, rows: jnp.ndarray | None = None,
+                caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search with the GNMT length penalty and early stopping.
 
   Each step extends every live beam by every token and keeps the `2 * beam` best extensions: those
@@ -246,6 +227,8 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
     nbest: hypotheses returned per sentence, 1 to `beam_size` (`Beam` checks it).
     rows: `[batch]` bool, the sentences in use (`in_use`): only they keep the search stepping
       (what the others get is not a translation). None: all.
+    caps: `[batch]` int32, each sentence's own most tokens (at most `max_len`), so that
+      sentences of several lengths share a batch; None: `max_len`.
 
   Returns:
     (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD; scores `[batch,
@@ -254,15 +237,16 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
   """
   state = BeamState.initial(cache, batch_size, beam_size, max_len)
   rows = in_use(None, batch_size) if rows is None else rows
-  body = functools.partial(_beam_step, step_fn, alpha)
+  caps = jnp.full((batch_size,), max_len, jnp.int32) if caps is None else caps
+  body = functools.partial(_beam_step, step_fn, alpha, caps)
   resizable = hasattr(cache, "resized")
   for length in cache_lengths(max_len) if resizable else (max_len,):
     if resizable:
       state = state._replace(cache=state.cache.resized(length))
-    cond = functools.partial(_can_improve, end=length, max_len=max_len, alpha=alpha,
-                             nbest=nbest, rows=rows)
+    cond = functools.partial(_can_improve, end=length, caps=caps, alpha=alpha, nbest=nbest,
+                             rows=rows)
     state = jax.lax.while_loop(cond, body, state)
-  return _nbest(state, alpha, nbest)
+  return _nbest(state, alpha, nbest, caps)
 
 
 class _OneHypothesis:
@@ -276,12 +260,14 @@ class _OneHypothesis:
     return memory
 
   def search(self, step_fn, cache, batch_size: int, max_len: int,
-             src_ids: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             src_ids: jnp.ndarray | None = None, seed=None,
+             caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` (`src_ids`: the
-    sentences, `[batch, src_len]`, and `seed`, for a strategy whose picks depend on them)."""
+    sentences, `[batch, src_len]`, and `seed`, for a strategy whose picks depend on them;
+    `caps`: `token_by_token`'s)."""
     pick = self.picker(batch_size, src_ids, seed)
     ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick,
-                                             in_use(src_ids, batch_size))
+                                             in_use(src_ids, batch_size), caps)
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
   def picker(self, batch_size: int, src_ids: jnp.ndarray | None, seed=None):
@@ -370,18 +356,20 @@ class Beam:
     return expand_to_beams(memory, self.beam_size)
 
   def search(self, step_fn, cache, batch_size: int, max_len: int,
-             src_ids: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             src_ids: jnp.ndarray | None = None, seed=None,
+             caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
     del seed
     return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
-                       alpha=self.alpha, nbest=self.nbest, rows=in_use(src_ids, batch_size))
+                       alpha=self.alpha, nbest=self.nbest, rows=in_use(src_ids, batch_size),
+                       caps=caps)
 
 
 Strategy = Greedy | Sampling | Beam
 
 
 def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *, max_len: int,
-             seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+             caps: jnp.ndarray | None = None, seed=None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Encodes once and decodes with `strategy`.
 
   Args:
@@ -390,6 +378,7 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *, max_len: int,
     src_ids: `[batch, src_len]`.
     strategy: `Greedy()`, `Beam(...)` or `Sampling(...)`.
     max_len: most output tokens per sentence (EOS included).
+    caps: `[batch]` int32, each sentence's own most tokens (at most `max_len`); None: max_len.
     seed: sampling's seed (a traced uint32) in place of `strategy.seed`; None: that one.
 
   Returns:
@@ -397,4 +386,5 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *, max_len: int,
   """
   memory, batch_size = strategy.prepare(model.encode(src_ids)), src_ids.shape[0]
   return strategy.search(functools.partial(model.decode_step, memory),
-                         model.init_cache(memory, max_len), batch_size, max_len, src_ids, seed)
+                         model.init_cache(memory, max_len), batch_size, max_len, src_ids, seed,
+                         caps)

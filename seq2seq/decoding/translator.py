@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from seq2seq.data import batching
-from seq2seq.data.special_ids import EOS_ID, UNK_ID
+from seq2seq.data.special_ids import EOS_ID, PAD_ID, UNK_ID
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
 from seq2seq.decoding import search
@@ -74,7 +74,9 @@ def search_fn(params, src, seed=None, *, graphdef, strategy: search.Strategy, ma
   model = (Ensemble(graphdef, params) if isinstance(graphdef, tuple)
            else nnx.merge(graphdef, params))
   max_len = search.max_decode_len(src.shape[1], max_len_a, max_len_b, max_len_limit)
-  return search.generate(model, src, strategy, max_len=max_len, seed=seed)
+  caps = jnp.minimum(search.decode_caps(src, max_len_a, max_len_b, max_len_limit), max_len)
+  return search.generate(model, src, strategy, max_len=max_len, caps=caps, seed=seed)
+
 
 
 def search_arguments(strategy: search.Strategy) -> tuple:
@@ -213,9 +215,10 @@ class Hypothesis(NamedTuple):
 
 
 def _through_eos(ids: np.ndarray) -> np.ndarray:
-  """Output ids up to and including EOS (all of them where the search stopped before it)."""
-  ends = np.flatnonzero(ids == EOS_ID)
-  return ids[:ends[0] + 1] if len(ends) else ids
+  """Output ids up to and including EOS; where the search reached the sentence's cap first,
+  up to the PAD that fills the rest of the batch's length (no search picks PAD)."""
+  ends = np.flatnonzero((ids == EOS_ID) | (ids == PAD_ID))
+  return ids[:ends[0] + int(ids[ends[0]] == EOS_ID)] if len(ends) else ids
 
 
 class Translator:
@@ -318,10 +321,9 @@ class Translator:
     program per batch shape: per sentence, its n-best (output ids, score)."""
     results: list = [None] * len(src_ids)
     empty = [np.zeros(0, np.int32)] * len(src_ids)
-    # One grid length per batch: a sentence's decoding cap, and so its translation, are its
-    # own, whatever sentences it is translated with.
+    # Sentences of every length share a batch, each decoded to its own `search.decode_caps`.
     batches = batching.eval_batches(src_ids, empty, batch_size=self.batch_size,
-                                    max_len=self.config.model.max_len, one_length=True)
+                                    max_len=self.config.model.max_len)
     params = compiling.shapes(self.params)  # As the trainer compiled them ahead.
     arguments = search_arguments(self.strategy)
     for batch in batches:  # Every shape compiles at once, in parallel.

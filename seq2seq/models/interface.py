@@ -13,12 +13,12 @@ import ml_collections
 from flax import nnx
 
 # A family's encoder output: a pytree the decoder takes back. It may offer
-# `for_beams(beam_size)` (see `search.expand_to_beams`).
+# `for_beams(beam_size)` (see `beams.expand_to_beams`).
 Memory = Any
 # A family's step-by-step decoding state: a pytree. One with a time axis may offer
 # `resized(length)`, the same state with room for `length` tokens: beam search then
-# grows it in phases (`search.cache_lengths`); and `select(rows)`, its own reordering
-# by hypothesis (`search.select_rows`).
+# grows it in phases (`beams.cache_lengths`); and `select(rows)`, its own reordering
+# by hypothesis (`beams.select_rows`).
 Cache = Any
 
 

@@ -30,7 +30,7 @@ class Memory(NamedTuple):
   cross_kv: tuple[KeyValue, ...]  # per decoder layer: projected encoder keys/values
 
   def for_beams(self, beam_size: int) -> "Memory":
-    """The memory of `beam_size` hypotheses per sentence (`search.expand_to_beams`).
+    """The memory of `beam_size` hypotheses per sentence (`beams.expand_to_beams`).
 
     `encoded` gets a row per hypothesis (the cache is sized from it); the mask and
     the cross-attention keys/values stay one row per sentence, which its beams'

@@ -14,7 +14,7 @@ import ml_collections
 from flax import nnx
 
 from seq2seq.config import base_config
-from seq2seq.decoding import search
+from seq2seq.decoding import beams, search
 from seq2seq.models import build_model
 from seq2seq.performance import profile
 from seq2seq.runs import train_state
@@ -158,7 +158,7 @@ def _search(model, src, *, beam, out_len, impl):
   memory = model.encode(src)
   baseline = DECODERS[impl]
   if beam > 1:
-    memory = search.expand_to_beams(memory, beam, copy_all=baseline is not None)
+    memory = beams.expand_to_beams(memory, beam, copy_all=baseline is not None)
   step = (functools.partial(model.decode_step, memory) if baseline is None
           else functools.partial(baseline, model, memory))
   cache = model.init_cache(memory, out_len)
@@ -222,7 +222,7 @@ def kv_heads_benchmark(*, layers=3, dim=256, heads=4, mlp=1024, vocab=8000, batc
     model = build_model(config, vocab)
     fns[kv] = jax.jit(functools.partial(_search, model, beam=beam, out_len=out_len, impl="ours"))
     jax.block_until_ready(fns[kv](src))  # compile
-    memory = search.expand_to_beams(model.encode(src), beam)
+    memory = beams.expand_to_beams(model.encode(src), beam)
     nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
     sizes[kv] = (nbytes(model.init_cache(memory, out_len).self_kv), nbytes(memory.cross_kv))
   seconds = {kv: float("inf") for kv in kv_heads}
