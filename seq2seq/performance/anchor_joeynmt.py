@@ -22,8 +22,8 @@ What is the same on both sides, per config (configs/multi30k_transformer.py, mul
   the initial (random) weights kept aside before training, so that every round searches as
   long as the first: random weights rarely end a hypothesis, and the record's output tokens
   show how far each side went. Ours searches as `Translator` does, in batches of the config's
-  eval.batch_size rows, a group's last one filled up with PAD rows (`decode_rows`); JoeyNMT's
-  batches are the groups' sentences only.
+  eval.batch_size rows of every length, each sentence to its own cap, the last batch filled up
+  with PAD rows (`decode_rows`); JoeyNMT's batches are the groups' sentences only.
 
 Each round trains `steps` optimizer steps on each side (real target tokens over seconds,
 host-side batching included; `train_padded_tgt_tok_s` counts the padding too, which tells
@@ -186,7 +186,7 @@ class Project:
     start = time.perf_counter()
     for batch in self.decode_batches[:limit or None]:
       ids, _ = jax.device_get(self.search(self.search_params, jnp.asarray(batch["src"])))
-      rows += len(batch["src"])  # With the filler rows of a group's last batch.
+      rows += len(batch["src"])  # With the last batch's filler rows.
       for row in np.flatnonzero(batch["index"] >= 0):
         sentences += 1
         tokens += output_length(ids[row, 0])
@@ -213,6 +213,9 @@ def _project(config: ml_collections.ConfigDict, workdir: Path, test_src: list[st
   src_ids = [np.asarray(ids, np.int32) for ids in trainer.tokenizer.encode_batch(test_src)]
   empty = [np.zeros(0, np.int32)] * len(src_ids)
   batches = batching.eval_batches(src_ids, empty, batch_size=config.eval.batch_size,
+                                  max_len=config.model.max_len)  # As `Translator` batches.
+  # JoeyNMT takes one cap per batch: its groups are the sentences of one grid length.
+  grouped = batching.eval_batches(src_ids, empty, batch_size=config.eval.batch_size,
                                   max_len=config.model.max_len, one_length=True)
   programs = translator.search_programs(trainer.graphdef, config,
                                         search.Beam(beam, config.eval.alpha))
@@ -225,8 +228,8 @@ def _project(config: ml_collections.ConfigDict, workdir: Path, test_src: list[st
   programs.wait()
   e = config.eval
   caps = [search.max_decode_len(b["src"].shape[1], e.max_decode_len_a, e.max_decode_len_b,
-                                config.model.max_len) for b in batches]
-  groups = [[int(i) for i in b["index"] if i >= 0] for b in batches]
+                                config.model.max_len) for b in grouped]
+  groups = [[int(i) for i in b["index"] if i >= 0] for b in grouped]
   project = Project(trainer, state, params, programs, batches)
   return project, sum(real) / len(real), groups, caps
 
