@@ -411,6 +411,32 @@ def test_a_sentence_over_the_limit_fails_alone_and_the_others_translate(client, 
   assert forced["errors"][1].startswith("the target of sentence 2 is ")
 
 
+def test_a_target_given_as_subwords_is_scored_as_split(client, engine, names):
+  """A search may split its output otherwise than its text splits again (here a lone "▁"
+  first, which the text does not show): 'target_subwords' scores the split given, as the
+  search scored it; 'target' scores the text's own split. Subwords of no vocabulary, and both
+  fields at once, are refused in one line."""
+  served, source = engine.runs[names[0]], SENTENCES[0]
+  vocabulary = served.tokenizer
+  odd = [vocabulary.piece_id("▁"), *vocabulary.encode(VAL[0][1])]
+  assert vocabulary.encode(vocabulary.decode(odd)) == odd[1:]
+  out = np.asarray([*odd, EOS_ID], np.int32)
+  _, log_probs = served.alignments(served.alignments.translator.source_ids(source), out)
+  expected = log_probs.sum() / search.length_penalty(len(out), served.alpha)
+  body = {"text": [source], "run": names[0]}
+  split = client.post("/translate", json={**body, "target_subwords": [
+      vocabulary.pieces(out)]}).json()
+  assert split["translations"] == [vocabulary.decode(odd)]
+  np.testing.assert_allclose(split["scores"][0], expected, rtol=1e-5)
+  text = client.post("/translate", json={**body, "target": [vocabulary.decode(odd)]}).json()
+  assert abs(text["scores"][0] - expected) > 1e-3
+  for extra, why in [({"target_subwords": [["▁Ein", "zzqq"]]}, "holds 'zzqq', which is not a"
+                      " subword"), ({"target_subwords": [["</s>"]]}, "is empty"),
+                     ({"target_subwords": [["▁Ein"]], "target": ["Ein"]}, "holds both")]:
+    refused = client.post("/translate", json={**body, **extra})
+    assert refused.status_code == 400 and why in refused.json()["detail"], refused.text
+
+
 @pytest.mark.parametrize("beam", [1, 3], ids=["greedy", "beam-3"])
 def test_a_forced_target_of_the_searchs_own_output_has_its_score(engine, names, beam):
   """Scoring a search's best output as a given target gives the search's score: the

@@ -77,6 +77,11 @@ class Tokenizer:
     """The subword string of each id (for axis labels)."""
     return [self._sp.id_to_piece(int(i)) for i in np.asarray(ids).reshape(-1)]
 
+  def piece_id(self, piece: str) -> int | None:
+    """The id of subword `piece` (as `pieces` names it), or None where the vocabulary lacks it."""
+    i = self._sp.piece_to_id(piece)
+    return None if i == UNK_ID and piece != self._sp.id_to_piece(UNK_ID) else i
+
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     """Detokenized text of `ids`, up to the first EOS; PAD and BOS are skipped.
 

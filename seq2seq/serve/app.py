@@ -52,6 +52,11 @@ class TranslateRequest(BaseModel):
       None, description="Forced decoding: one translation per sentence, scored instead of"
                         " searched; the answer holds them as given, with their scores under"
                         " the run (and their attention). beam and nbest do not apply.")
+  target_subwords: list[list[str]] | None = Field(
+      None, description="Forced decoding as 'target', each translation given as its subwords"
+                        " (the 'target' of a translation's attention, </s> last or left out),"
+                        " scored as split: a search may split its output otherwise than its"
+                        " text splits again. Instead of 'target'.")
 
 
 # What a score is, wherever one is described: not a per-subword mean.
@@ -332,6 +337,6 @@ def create_app(engine: Engine) -> FastAPI:
     """Translates each sentence of `text` with a run; requests that arrive together are
     translated together, in the compiled batch shapes."""
     return engine.translate(request.text, request.run, request.beam, request.nbest,
-                            request.attention, request.target)
+                            request.attention, request.target, request.target_subwords)
 
   return app

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from seq2seq.data import tokenizer
-from seq2seq.data.special_ids import EOS_ID, UNK_ID
+from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.alignment import Alignments, labels
 from seq2seq.decoding.translator import Hypothesis, Translator, check_is_run
@@ -119,7 +119,8 @@ class _Job:
   beam: int
   nbest: int
   attention: bool
-  targets: list[str] | None  # Forced decoding: the translations to score, one per line.
+  targets: list[str] | None  # Forced decoding: the translations to score, one per line,
+  target_ids: list[list[int]] | None = None  # ... and their subword ids, without EOS.
   # Sentences that fail alone (over the run's compiled lengths), by index: why.
   failed: dict[int, str] = dataclasses.field(default_factory=dict)
   # Sentences answered with a caveat (a target the vocabulary cannot spell), by index: which.
@@ -148,11 +149,16 @@ class Engine:
       self._worker.join()
 
   def translate(self, text: Sequence[str], run: str | None = None, beam: int | None = None,
-                nbest: int = 1, attention: bool = False,
-                target: Sequence[str] | None = None) -> dict:
+                nbest: int = 1, attention: bool = False, target: Sequence[str] | None = None,
+                target_subwords: Sequence[Sequence[str]] | None = None) -> dict:
     """The answer to one request (`BadRequest` for one the limits or runs refuse); with
-    `target`, one translation per sentence, those translations scored instead of searched."""
+    `target`, one translation per sentence, those translations scored instead of searched;
+    with `target_subwords`, translations given as subwords, scored as split."""
     job = self._check(text, run, beam, nbest, attention)
+    if target is not None and target_subwords is not None:
+      raise BadRequest(400, "the request holds both 'target' and 'target_subwords'; send one.")
+    if target_subwords is not None:
+      target = self._subword_targets(job, target_subwords)
     if target is not None:
       job.targets = self._check_targets(job, target)
     self._queue.put(job)
@@ -173,6 +179,27 @@ class Engine:
         raise BadRequest(400, f"{field}[{i}] holds {_named(odd)}, which is not text; remove it"
                               " (JSON escapes such as \\ud800 must pair into one character).")
 
+  def _subword_targets(self, job: _Job, subwords: Sequence[Sequence[str]]) -> list[str]:
+    """Sets `job.target_ids` from translations given as subwords (a translation's `target`
+    labels, `</s>` last or left out), as split: a search may split a text otherwise than
+    encoding its text again would. Returns their texts."""
+    if len(subwords) != len(job.lines):
+      raise BadRequest(400, f"'target_subwords' and 'text' hold {len(subwords)} and"
+                            f" {len(job.lines)} entries; send one translation per sentence.")
+    tokenizer, job.target_ids = job.run.tokenizer, []
+    for i, pieces in enumerate(subwords):
+      pieces = list(pieces[:-1] if pieces and pieces[-1] == "</s>" else pieces)
+      ids = [tokenizer.piece_id(piece) for piece in pieces]
+      bad = next((p for p, j in zip(pieces, ids, strict=True)
+                  if j is None or j in (PAD_ID, BOS_ID, EOS_ID)), None)
+      if not pieces or bad is not None:
+        raise BadRequest(400, f"target_subwords[{i}] " + (f"holds {bad!r}, which is not a subword"
+                              f" of {job.run.name}'s vocabulary" if pieces else "is empty")
+                              + "; send the 'target' subwords of a translation by a run of"
+                              " the same vocabulary.")
+      job.target_ids.append(ids)
+    return [tokenizer.decode(ids) for ids in job.target_ids]
+
   def _check_targets(self, job: _Job, target) -> list[str]:
     """The translations to score, one per sentence, each short enough for the run's compiled
     attention programs for its sentence."""
@@ -185,10 +212,12 @@ class Engine:
                             " sentence has the one translation given: leave nbest at 1.")
     self._check_lines("target", targets)
     run = job.run
+    if job.target_ids is None:
+      job.target_ids = [run.tokenizer.encode(translation) for translation in targets]
     for i, (line, translation) in enumerate(zip(job.lines, targets, strict=True)):
       if i in job.failed:
         continue
-      length = len(run.tokenizer.encode(translation)) + 1  # With EOS.
+      length = len(job.target_ids[i]) + 1  # With EOS.
       longest = run.alignments.max_output(run.alignments.translator.source_ids(line))
       if length > longest:
         job.failed[i] = (f"the target of sentence {i + 1} is {length} subwords long with"
@@ -316,7 +345,7 @@ class Engine:
             scores.append(None)
             attention.append(None)
             continue
-          out = np.asarray([*run.tokenizer.encode(target), EOS_ID], np.int32)
+          out = np.asarray([*job.target_ids[i], EOS_ID], np.int32)
           found = self._attention(run, line, out)
           translations.append(target)
           scores.append(float(found.pop("log_probs").sum()

@@ -220,28 +220,31 @@ async function answers({lines: text, a, b, compare, references}) {
   if (!compare) {
     found = await Promise.all(names.map((run) => post({text, run, attention: true})));
   } else {
-    let targets = references, why = [];
+    let targets = references, subwords = null, why = [];
     if (compare !== "reference") {
-      const own = await post({text, run: compare === "a" ? a : b});
+      // Its subwords as its search split them: its text may split otherwise (a lone "▁").
+      const own = await post({text, run: compare === "a" ? a : b, attention: true});
       targets = own.translations.map((t) => t || null);
+      subwords = (own.attention || []).map((found) => (found ? found.target : null));
       why = own.errors || [];  // The server's reason where a sentence failed.
     }
-    found = await Promise.all(names.map((run) => forced(text, run, targets, why)));
+    found = await Promise.all(names.map((run) => forced(text, run, targets, why, subwords)));
   }
   return found.map((answer, i) => ({run: names[i], answer}));
 }
 
 // A run forced to `targets` (null where there is none to force: `why` has the server's reason
-// where the run that gave them failed on it): the sentences with a target are sent, and the
-// answer is spread back over every line.
-async function forced(text, run, targets, why) {
+// where the run that gave them failed on it), sent as `subwords` where a run gave them: the
+// sentences with a target are sent, and the answer is spread back over every line.
+async function forced(text, run, targets, why, subwords) {
   const sent = text.map((_, i) => i).filter((i) => targets[i]);
   const missing = (i) => why[i] || `the target of sentence ${i + 1} is empty: the run that` +
     " gave it translated it to nothing, so there is nothing to force.";
   if (!sent.length) throw new Error(why.find(Boolean) ||
                                     "Every target is empty: type references instead.");
-  const answer = await post({text: sent.map((i) => text[i]), run, attention: true,
-                             target: sent.map((i) => targets[i])});
+  const given = subwords ? {target_subwords: sent.map((i) => subwords[i])}
+                         : {target: sent.map((i) => targets[i])};
+  const answer = await post({text: sent.map((i) => text[i]), run, attention: true, ...given});
   const spread = (field) => text.map((_, i) => {
     const k = sent.indexOf(i);
     return k < 0 ? null : (answer[field] || [])[k] ?? null;
