@@ -33,7 +33,8 @@ from seq2seq.models import build_model  # noqa: E402
 from seq2seq.performance.serving import clients_per_thread  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
 from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
-from seq2seq.serve.engine import Engine, Limits, ServedRun, compile_runs  # noqa: E402
+from seq2seq.serve.engine import Engine, Limits  # noqa: E402
+from seq2seq.serve.runs import ServedRun, compile_runs  # noqa: E402
 from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
 
 SENTENCES = [source for source, _ in VAL]

@@ -111,7 +111,8 @@ def main(argv):
     import uvicorn  # The [serve] extra: imported once the flags are known to be good.
 
     from seq2seq.serve.app import create_app
-    from seq2seq.serve.engine import Engine, Limits, check_workdirs, compile_runs, load_runs
+    from seq2seq.serve.engine import Engine, Limits
+    from seq2seq.serve.runs import check_workdirs, compile_runs, load_runs
 
     check_workdirs(_WORKDIR.value)  # Before the line below: a bad list prints only its error.
 

@@ -20,7 +20,8 @@ import numpy as np
 from seq2seq.data import corpus
 from seq2seq.decoding.translator import Translator
 from seq2seq.serve.app import create_app, serving_in_background
-from seq2seq.serve.engine import Engine, Limits, ServedRun
+from seq2seq.serve.engine import Engine, Limits
+from seq2seq.serve.runs import ServedRun
 
 
 def _percentiles(seconds: list[float]) -> dict:

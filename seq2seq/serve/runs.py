@@ -1,0 +1,99 @@
+"""The runs a server serves (`seq2seq-serve --workdir`): checked, loaded once, each with its
+searches and attention compiled ahead for every source length it answers."""
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from seq2seq.data import tokenizer
+from seq2seq.decoding.alignment import Alignments
+from seq2seq.decoding.translator import Translator, check_is_run
+from seq2seq.errors import UserError
+from seq2seq.runs import workdirs
+
+log = logging.getLogger("seq2seq")
+
+
+class ServedRun:
+  """One run, loaded once: a search per served beam (with one hypothesis, and with the beam's
+  n-best), and its attention, each compiled for sources up to `max_subwords` subwords (by
+  default as long as the run's training pairs, config.data.max_len)."""
+
+  def __init__(self, name: str, workdir: Path, checkpoint: str, beams: Sequence[int],
+               alpha: float, batch_size: int, max_subwords: int | None = None):
+    self.name, self.beams, self.alpha = name, tuple(beams), alpha
+    first = Translator(workdir, checkpoint, beam_size=beams[0], alpha=alpha,
+                       batch_size=batch_size)
+    self.config = first.config
+    model_limit = first.config.model.max_len - 1  # With EOS, a source fills model.max_len.
+    if max_subwords is not None and not 1 <= max_subwords <= model_limit:
+      raise UserError(f"--max_subwords={max_subwords} must be between 1 and {model_limit}"
+                      f" (config.model.max_len of {workdir}, less EOS).")
+    # The longest source with EOS: the server compiles for these and no other.
+    self.longest = 1 + (max_subwords or min(first.config.data.max_len - 1, model_limit))
+    self.searches = {(beams[0], 1): first}
+    for beam in beams:
+      for nbest in sorted({1, beam}):
+        if (beam, nbest) not in self.searches:
+          self.searches[beam, nbest] = first.with_search(beam, nbest)
+    self.alignments = Alignments(first, self.longest)
+    self.tokenizer = first.tokenizer
+    # Runs of one vocabulary can be forced to one target and their maps compared cell by cell.
+    self.vocabulary = tokenizer.fingerprint(workdir / workdirs.VOCAB)
+
+  def programs(self) -> int:
+    """How many programs `compile_ahead` compiles: each search's and the attention's, one per
+    grid length up to the longest sentence served."""
+    return len(self.alignments.lengths) * (len(self.searches) + 1)
+
+  def compile_ahead(self) -> int:
+    """Compiles every program the run will answer with; returns their count."""
+    return (sum(t.compile_ahead(self.longest) for t in self.searches.values())
+            + self.alignments.compile_ahead())
+
+  def info(self) -> dict:
+    """What the page and `GET /runs` show of the run."""
+    m, t = self.config.model, next(iter(self.searches.values()))
+    return {"name": self.name, "family": m.family, "attention": m.attention,
+            "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
+            "alpha": self.alpha,
+            "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
+            "max_subwords": self.longest - 1, "vocabulary": self.vocabulary}
+
+
+def compile_runs(runs: Sequence[ServedRun]) -> None:
+  """Compiles every program of each run (`ServedRun.compile_ahead`), saying first how many
+  (the start-up line: a first start can take minutes), then how long they took."""
+  for i, run in enumerate(runs, start=1):
+    start = time.perf_counter()
+    log.info("Compiling %d programs for %s (run %d of %d; a second start reads them from the"
+             " cache) ...", run.programs(), run.name, i, len(runs))
+    count = run.compile_ahead()
+    log.info("%s: %d programs compiled (or read from the cache) in %.1f s.", run.name, count,
+             time.perf_counter() - start)
+
+
+def check_workdirs(workdirs: Sequence[str]) -> None:
+  """Refuses, before anything is loaded, a `--workdir` list with an empty entry, one run
+  twice, or a folder that is not a run."""
+  if not workdirs or any(not w.strip() for w in workdirs):
+    raise UserError("--workdir lists an empty entry; pass one or more runs, e.g."
+                    " --workdir=runs/a,runs/b.")
+  seen: dict[Path, str] = {}
+  for w in workdirs:
+    if Path(w).resolve() in seen:
+      raise UserError(f"--workdir lists one run twice ({seen[Path(w).resolve()]} and {w}); list"
+                      " each run once (--checkpoint picks the same checkpoint of every run).")
+    seen[Path(w).resolve()] = w
+    check_is_run(Path(w))
+
+
+def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
+              batch_size: int, max_subwords: int | None = None) -> list[ServedRun]:
+  """The runs of `--workdir`, each named by its folder (made distinct where two share one)."""
+  from seq2seq.compare.comparison import run_names  # The names the comparison tables use.
+
+  check_workdirs(workdirs)
+  return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords)
+          for name, w in zip(run_names(workdirs), workdirs, strict=True)]
