@@ -1,13 +1,15 @@
 """seq2seq-side-by-side --anchor=joeynmt: JoeyNMT's config written from ours, its parameters
 counted against ours, the worker's protocol and the errors of a missing virtualenv, all without
-JoeyNMT. The tests that run JoeyNMT itself need its virtualenv ($JOEYNMT_PYTHON, made by the
-command in seq2seq/performance/anchor_joeynmt.py) and skip without it."""
+JoeyNMT; and --full_budget's config for each recipe. The tests that run JoeyNMT itself need its
+virtualenv ($JOEYNMT_PYTHON, made by the command in seq2seq/performance/anchor_joeynmt.py) and
+skip without it."""
 
 import io
 import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -17,8 +19,8 @@ from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.models.joeynmt_spec import joeynmt_model, joeynmt_parameters, unmatched
-from seq2seq.performance import anchor_joeynmt, joeynmt_files, joeynmt_worker
-from tests.helpers import ENV, ROOT, fast_tiny_config, load_config
+from seq2seq.performance import anchor_joeynmt, joeynmt_budget, joeynmt_files, joeynmt_worker
+from tests.helpers import ENV, FAST, ROOT, fast_tiny_config, load_config
 
 JOEYNMT_PYTHON = os.environ.get("JOEYNMT_PYTHON", "")
 JOEYNMT_PYTHON = JOEYNMT_PYTHON and os.path.abspath(JOEYNMT_PYTHON)  # Tests run in other folders.
@@ -149,6 +151,11 @@ def test_the_corpus_files_keep_one_sentence_a_line(tmp_path):
   assert (tmp_path / "train.en").read_text(encoding="utf-8") == "a b\nc d\n"
   assert (tmp_path / "train.de").read_text(encoding="utf-8") == "x\nz\n"
   assert (tmp_path / "test.en").read_text(encoding="utf-8") == "t u\n"
+  assert not (tmp_path / "dev.en").exists()
+  dev = corpus.ParallelText(["d", "e", " "], ["v", "", "w"])  # JoeyNMT refuses empty lines.
+  assert joeynmt_files.write_corpus(train, ["t"], tmp_path, "en", "de", dev=dev) == 2
+  assert (tmp_path / "dev.en").read_text(encoding="utf-8") == "d\n"
+  assert (tmp_path / "dev.de").read_text(encoding="utf-8") == "v\n"
 
 
 def test_replies_are_parsed_and_failures_named_in_one_line(tmp_path):
@@ -260,3 +267,134 @@ def test_a_tiny_comparison_runs_both_sides_end_to_end():
   print(json.dumps(record))
   tokens = record["target_tokens_per_batch"]
   assert abs(tokens["anchor"] / tokens["project"] - 1) < 0.1
+
+
+# --- --full_budget ------------------------------------------------------------------------------
+
+# Per recipe: steps, peak rate, warmup, validation every, JoeyNMT's logging every (it must divide
+# the validation's), dropout, and the real target tokens of our batches (an epoch's mean) that
+# JoeyNMT's token budget is set to hold.
+RECIPES = {
+    "multi30k_transformer": (4000, 2e-3, 400, 1000, 50, 0.1, 3808.3),
+    "multi30k_rnn": (3400, 2e-3, 300, 850, 50, 0.3, 3177.6),
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_the_full_budget_gives_joeynmt_each_recipes_schedule(tmp_path, name):
+  steps, rate, warmup, every, logging, dropout, tokens = RECIPES[name]
+  config = load_config(name)
+  test_src = corpus.read_split(config.data, "test").src[:5]
+  setup = joeynmt_budget.prepare_files(config, tmp_path, test_src)
+  training = setup["config"]["training"]
+  assert {k: training[k] for k in (
+      "updates", "learning_rate", "learning_rate_warmup", "scheduling", "learning_rate_min",
+      "validation_freq", "logging_freq", "optimizer", "adam_betas", "weight_decay",
+      "clip_grad_norm", "label_smoothing", "normalization", "batch_type", "keep_best_ckpts",
+      "early_stopping_metric", "shuffle")} == {
+      "updates": steps, "learning_rate": rate, "learning_rate_warmup": warmup,
+      "scheduling": "warmupinversesquareroot", "learning_rate_min": 0.0,
+      "validation_freq": every, "logging_freq": logging, "optimizer": "adam",
+      "adam_betas": [0.9, 0.98], "weight_decay": 0.0, "clip_grad_norm": 1.0,
+      "label_smoothing": 0.1, "normalization": "tokens", "batch_type": "token",
+      "keep_best_ckpts": -1, "early_stopping_metric": "bleu", "shuffle": True}
+  assert setup["config"]["random_seed"] == 0
+  assert setup["config"]["model"]["encoder"]["dropout"] == dropout
+  assert round(setup["target_tokens_per_batch"], 1) == tokens
+  joey = tmp_path / "joeynmt"
+  assert setup["config"]["data"]["dev"] == str(joey / "dev")
+  assert len((joey / "dev.en").read_text(encoding="utf-8").splitlines()) == 1014  # val.
+  # JoeyNMT's test file holds the sentences in its decoding groups' order, one run each.
+  lines = (joey / "test.en").read_text(encoding="utf-8").splitlines()
+  assert lines == [test_src[i] for i in setup["order"]]
+  assert sorted(setup["order"]) == list(range(5))
+  assert [i for group in setup["decode"]["groups"] for i in group] == list(range(5))
+  json.dumps(setup)  # The worker reads it as JSON.
+
+
+def test_what_the_full_budget_cannot_match_names_the_recipes_figures():
+  transformer = joeynmt_budget.unmatched_training(load_config("multi30k_transformer"))
+  rnn = joeynmt_budget.unmatched_training(load_config("multi30k_rnn"))
+  # After the same warmup, JoeyNMT's rate falls as 1/sqrt(step): not to 0 at the last step.
+  assert "0.002 * sqrt(400 / step), 0.00063 at step 4000" in transformer[0]
+  assert "0.002 * sqrt(300 / step), 0.00059 at step 3400" in rnn[0]
+  assert "ours 1e-09" in transformer[2]  # Adam's epsilon.
+  assert transformer[4].endswith("ours packed rows") and rnn[4].endswith("ours length buckets")
+  assert "every 1000 steps" in transformer[5] and "every 850 steps" in rnn[5]
+  assert not any("does not validate after the last step" in note for note in transformer + rnn)
+  tiny = fast_tiny_config()
+  tiny.train.num_steps, tiny.eval.every_steps = 5, 2
+  assert any("does not validate after the last step (5)" in note
+             for note in joeynmt_budget.unmatched_training(tiny))
+
+
+def test_a_workdir_of_another_recipe_is_refused(tmp_path):
+  config = load_config("multi30k_transformer")
+  other = json.loads(config.to_json_best_effort())
+  other["train"]["num_steps"] = 10
+  (tmp_path / joeynmt_budget.PLAN).write_text(json.dumps({"recipe": other}))
+  with pytest.raises(UserError, match=r"holds JoeyNMT's run of another recipe \(it differs in"
+                     r" train\.num_steps\); pass its config again, or another --workdir\."):
+    joeynmt_budget.run(config, tmp_path / "python", tmp_path, beam=4, name="x", score=None)
+
+
+def test_config_and_workdir_go_with_full_budget():
+  result = subprocess.run([sys.executable, "-c", "from seq2seq.commands import main;"
+                           " main.side_by_side()", "--anchor=joeynmt",
+                           "--config=configs/multi30k_transformer.py"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [
+      "error: --config and --workdir go with --anchor=joeynmt --full_budget, which needs both:"
+      " pass --anchor=joeynmt --full_budget --config=configs/multi30k_transformer.py"
+      " --workdir=runs/joeynmt/transformer."]
+
+
+def _full_budget(workdir) -> list[str]:
+  """The --full_budget command on a tiny recipe: 6 steps decaying linearly, validation every
+  2, 8 test sentences with beam 2."""
+  return [sys.executable, "-c", "from seq2seq.commands import main; main.side_by_side()",
+          "--anchor=joeynmt", "--full_budget", f"--config={ROOT / 'configs' / 'tiny.py'}", *FAST,
+          "--config.train.num_steps=6", "--config.train.schedule=linear",
+          "--config.eval.every_steps=2",
+          f"--joeynmt_python={JOEYNMT_PYTHON}", f"--workdir={workdir}", "--beam=2",
+          "--sentences=8"]
+
+
+@needs_joeynmt
+@pytest.mark.slow
+def test_the_full_budget_resumes_after_a_signal_and_trains_a_finished_run_no_further(tmp_path):
+  """Stopped once JoeyNMT has a checkpoint, the command resumes from it; run again once
+  finished, it trains nothing and scores the same translation."""
+  env = dict(ENV, OMP_WAIT_POLICY="PASSIVE")  # torch's threads on a busy machine (the suite).
+  workdir = tmp_path / "joeynmt"
+  latest = workdir / "joeynmt" / "model" / "latest.ckpt"
+  process = subprocess.Popen(_full_budget(workdir), cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 600
+  while not latest.exists() and process.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.1)
+  process.terminate()
+  _, stderr = process.communicate(timeout=600)
+  assert process.returncode == 130, stderr[-3000:]
+  assert stderr.splitlines()[-1] == (f"stopped by SIGTERM; {joeynmt_budget.INTERRUPTED}: the"
+                                     " same command starts again.")
+  runs = [subprocess.run(_full_budget(workdir), cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=900) for _ in range(2)]
+  assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
+  resumed, again = (json.loads(r.stdout.splitlines()[-1]) for r in runs)
+  print(json.dumps(resumed), (workdir / joeynmt_budget.SESSIONS).read_text())
+  assert resumed["steps"] == again["steps"] == 6 and resumed["joeynmt"] == "2.3.0"
+  assert 0 <= resumed["trained_steps_now"] <= 4  # From its checkpoint at step 2 or later.
+  assert again["trained_steps_now"] == 0
+  assert isinstance(resumed["bleu"], float) and resumed["sentences"] == 8
+  assert resumed["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert {k: again[k] for k in ("bleu", "bleu_lowercase", "chrf", "checkpoint_step")} == {
+      k: resumed[k] for k in ("bleu", "bleu_lowercase", "chrf", "checkpoint_step")}
+  assert json.loads((workdir / "result.json").read_text()) == again
+  assert len((workdir / "test.hyp").read_text(encoding="utf-8").splitlines()) == 8
+  log = (workdir / "joeynmt" / "worker.log").read_text(encoding="utf-8")
+  assert "Loading model from" in log  # JoeyNMT's own resumption (load_model).
+  plan = json.loads((workdir / "plan.json").read_text())
+  assert plan["recipe"]["train"]["num_steps"] == 6 and plan["batch_size"] == again["batch_size"]
+  assert "0 at step 6;" in plan["unmatched"]["training"][0]

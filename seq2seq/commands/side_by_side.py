@@ -31,13 +31,26 @@ it, and calls a method of sentencepiece that 0.2.2 dropped), whose Python --joey
 Measure on a quiet machine: torch's OpenMP threads spin while they wait, and collapse when
 another process takes their cores (a busy machine wants OMP_WAIT_POLICY=PASSIVE, which the
 record shows; XLA does not read it).
+
+  seq2seq-side-by-side --anchor=joeynmt --full_budget --config=configs/multi30k_transformer.py \
+      --joeynmt_python=.anchors/joeynmt/bin/python --workdir=runs/joeynmt/transformer \
+      [--config.<field>=VALUE] [--beam=4] [--sentences=0] [--vocab_from=RUN]
+
+--full_budget: JoeyNMT trains --config's recipe at its full budget (its steps, learning rate,
+warmup, optimizer, validation and tokens per batch) in --workdir, then translates the test split
+from its best checkpoint with beam --beam and the recipe's alpha, and prints one JSON line of
+sacreBLEU's scores (also --workdir/result.json). The same command resumes a training stopped
+or killed, from JoeyNMT's latest checkpoint, and trains a finished one no further. What cannot
+match is in --workdir/plan.json (seq2seq/performance/joeynmt_budget.py).
 """
 
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 from absl import flags
+from ml_collections import config_flags
 
 from seq2seq.commands import cli
 from seq2seq.errors import UserError
@@ -56,9 +69,15 @@ _CONFIGS = flags.DEFINE_list("configs", ["configs/multi30k_transformer.py",
                              "joeynmt: the recipes to compare, one line each.")
 _STEPS = flags.DEFINE_integer("steps", 20, "joeynmt: train steps of each side per round.")
 _SENTENCES = flags.DEFINE_integer("sentences", 0, "joeynmt: test sentences decoded per round"
-                                  " (0: the whole split).")
+                                  " (--full_budget: the first N translated and scored; 0: the"
+                                  " whole split).")
 _VOCAB_FROM = flags.DEFINE_string("vocab_from", "", "joeynmt: a run whose SentencePiece model"
                                   " both sides take (default: one trained as a run trains it).")
+_FULL_BUDGET = flags.DEFINE_bool("full_budget", False, "joeynmt: train JoeyNMT on --config's"
+                                 " recipe at its full budget in --workdir (resumed there), and"
+                                 " score its test translation with sacreBLEU.")
+_CONFIG = cli.define_config_flag()
+_WORKDIR = flags.DEFINE_string("workdir", "", "joeynmt --full_budget: JoeyNMT's run directory.")
 
 
 def main(argv):
@@ -67,6 +86,9 @@ def main(argv):
   def measure():
     if _ROUNDS.value < 1 or _BEAM.value < 1:
       raise UserError(f"--rounds={_ROUNDS.value} and --beam={_BEAM.value} must be at least 1.")
+    if _FULL_BUDGET.value or _CONFIG.value is not None or _WORKDIR.value:
+      _full_budget()
+      return
     if _ANCHOR.value == "joeynmt":
       _joeynmt()
       return
@@ -75,7 +97,38 @@ def main(argv):
     shapes = dataclasses.replace(side_by_side.Shapes(), beam=_BEAM.value)
     print(json.dumps(side_by_side.compare(_ROUNDS.value, shapes)), flush=True)
 
-  cli.run_main(measure)
+  if _FULL_BUDGET.value:
+    from seq2seq.performance.joeynmt_budget import INTERRUPTED
+
+    cli.run_main(measure, interrupted=INTERRUPTED)
+  else:
+    cli.run_main(measure)
+
+
+def _full_budget() -> None:
+  from seq2seq.evaluation import scores
+  from seq2seq.performance import anchor_joeynmt, joeynmt_budget
+
+  if not (_FULL_BUDGET.value and _ANCHOR.value == "joeynmt" and _CONFIG.value is not None
+          and _WORKDIR.value):
+    raise UserError("--config and --workdir go with --anchor=joeynmt --full_budget, which needs"
+                    " both: pass --anchor=joeynmt --full_budget --config=configs/"
+                    "multi30k_transformer.py --workdir=runs/joeynmt/transformer.")
+  if flags.FLAGS["configs"].present:
+    raise UserError("--configs names the timing's recipes; --full_budget trains the one that"
+                    " --config names: drop --configs.")
+  if _SENTENCES.value < 0:
+    raise UserError(f"--sentences={_SENTENCES.value} must be at least 0 (0: the whole split).")
+  python = anchor_joeynmt.check_python(_PYTHON.value)
+  config = _CONFIG.value
+  if _VOCAB_FROM.value:
+    config.data.vocab_from = _VOCAB_FROM.value
+  overrides = config_flags.get_override_values(flags.FLAGS["config"])
+  name = " ".join([flags.FLAGS["config"].config_filename,
+                   *(f"--config.{field}={value}" for field, value in overrides.items())])
+  print(json.dumps(joeynmt_budget.run(config, python, Path(_WORKDIR.value), beam=_BEAM.value,
+                                      name=name, score=scores.scores,
+                                      sentences=_SENTENCES.value)), flush=True)
 
 
 def _joeynmt() -> None:

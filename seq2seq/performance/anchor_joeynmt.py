@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -117,25 +118,32 @@ def parse_reply(line: str, request: str, log: str = "", kept: Path | None = None
 
 
 class Worker:
-  """JoeyNMT's side, a subprocess of `python`, answering one request at a time."""
+  """JoeyNMT's side, a subprocess of `python` (in `env`; None: ours), answering one request at
+  a time. `keep_log`: its log is appended to (a resumed run's), and it runs in a session of
+  its own, so that a signal reaches it once, from `close`, not also from the terminal."""
 
-  def __init__(self, python: Path, setup: dict, directory: Path):
+  def __init__(self, python: Path, setup: dict, directory: Path, keep_log: bool = False,
+               env: dict | None = None):
     setup_file, self.log = directory / "setup.json", directory / "worker.log"
     setup_file.write_text(json.dumps(setup), encoding="utf-8")
-    with open(self.log, "w", encoding="utf-8") as log:
+    self.busy = False
+    with open(self.log, "a" if keep_log else "w", encoding="utf-8") as log:
       self.process = subprocess.Popen(
           # -I: not this folder first on sys.path, where our profile.py would shadow the
           # standard library's for torch; nor $PYTHONPATH, which may name ours.
           [str(python), "-I", str(WORKER), str(setup_file)], stdin=subprocess.PIPE,
-          stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8")
+          stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8",
+          start_new_session=keep_log, env=env)
 
   def request(self, command: str, **arguments) -> dict:
+    self.busy = True  # Until the reply: a signal that ends us meanwhile leaves it working.
     try:
       self.process.stdin.write(json.dumps({"command": command, "arguments": arguments}) + "\n")
       self.process.stdin.flush()
     except BrokenPipeError:
       pass  # It ended: the empty reply says why.
     line = self.process.stdout.readline()
+    self.busy = False
     try:
       return parse_reply(line, command)
     except UserError:  # Its folder goes with the comparison: the traceback is kept outside.
@@ -145,14 +153,22 @@ class Worker:
       return parse_reply(line, command, log, kept)
 
   def close(self) -> None:
-    if self.process.poll() is None:
+    """Ends the worker: `quit`, or, amid a request (we were interrupted), SIGINT, on which
+    JoeyNMT's trainer saves a checkpoint before the worker ends."""
+    timeout = 30
+    if self.process.poll() is None and self.busy:
+      self.process.send_signal(signal.SIGINT)
+      with contextlib.suppress(OSError):
+        self.process.stdin.close()  # The worker's next read ends it.
+      timeout = 600
+    elif self.process.poll() is None:
       with contextlib.suppress(BrokenPipeError, UserError):
         self.request("quit")
-      try:
-        self.process.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
+    try:
+      self.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
 
 
 @dataclasses.dataclass
@@ -208,15 +224,10 @@ def _project(config: ml_collections.ConfigDict, workdir: Path, test_src: list[st
   from seq2seq.training.trainer import Trainer  # Imports the models: not before the checks.
 
   trainer = Trainer(config, workdir)
-  plan = trainer.train_batches
-  real = [int((plan(step)["tgt_out"] != PAD_ID).sum()) for step in range(plan.batches_per_epoch)]
   src_ids = [np.asarray(ids, np.int32) for ids in trainer.tokenizer.encode_batch(test_src)]
   empty = [np.zeros(0, np.int32)] * len(src_ids)
   batches = batching.eval_batches(src_ids, empty, batch_size=config.eval.batch_size,
                                   max_len=config.model.max_len)  # As `Translator` batches.
-  # JoeyNMT takes one cap per batch: its groups are the sentences of one grid length.
-  grouped = batching.eval_batches(src_ids, empty, batch_size=config.eval.batch_size,
-                                  max_len=config.model.max_len, one_length=True)
   programs = translator.search_programs(trainer.graphdef, config,
                                         search.Beam(beam, config.eval.alpha))
   state = trainer.new_state()
@@ -226,12 +237,29 @@ def _project(config: ml_collections.ConfigDict, workdir: Path, test_src: list[st
     programs.add(params, jax.ShapeDtypeStruct(batch["src"].shape, np.int32))
   trainer.train_step.wait()
   programs.wait()
-  e = config.eval
+  project = Project(trainer, state, params, programs, batches)
+  return project, real_tokens_per_batch(trainer), *decode_groups(config, src_ids)
+
+
+def real_tokens_per_batch(trainer) -> float:
+  """The mean real (not PAD) target tokens of the trainer's batches over its first epoch."""
+  plan = trainer.train_batches
+  real = [int((plan(step)["tgt_out"] != PAD_ID).sum()) for step in range(plan.batches_per_epoch)]
+  return sum(real) / len(real)
+
+
+def decode_groups(config: ml_collections.ConfigDict,
+                  src_ids: list[np.ndarray]) -> tuple[list[list[int]], list[int]]:
+  """JoeyNMT's decoding batches of the sentences of `src_ids` (without EOS): their indices
+  in groups of one grid length, at most config.eval.batch_size each, and each group's cap,
+  which is the one ours gives each of its sentences (`search.decode_caps`): JoeyNMT's search
+  takes one cap per batch."""
+  e, empty = config.eval, [np.zeros(0, np.int32)] * len(src_ids)
+  grouped = batching.eval_batches(src_ids, empty, batch_size=e.batch_size,
+                                  max_len=config.model.max_len, one_length=True)
   caps = [search.max_decode_len(b["src"].shape[1], e.max_decode_len_a, e.max_decode_len_b,
                                 config.model.max_len) for b in grouped]
-  groups = [[int(i) for i in b["index"] if i >= 0] for b in grouped]
-  project = Project(trainer, state, params, programs, batches)
-  return project, sum(real) / len(real), groups, caps
+  return [[int(i) for i in b["index"] if i >= 0] for b in grouped], caps
 
 
 def _joeynmt_files(config: ml_collections.ConfigDict, scratch: Path, test_src: list[str],

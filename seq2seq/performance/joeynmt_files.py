@@ -42,7 +42,9 @@ def joeynmt_config(config: ml_collections.ConfigDict, *, spm_model: Path, vocab_
                "dataset_type": "plain", "src": side(d.src_lang), "trg": side(d.tgt_lang),
                "special_symbols": specials},
       "training": {
-          "optimizer": "adam", "adam_betas": [t.adam_b1, t.adam_b2],
+          # torch's AdamW decays weights apart from the gradient, scaled by the rate, as
+          # optax's adamw does; its Adam would add the decay to the gradient.
+          "optimizer": "adamw" if t.weight_decay else "adam", "adam_betas": [t.adam_b1, t.adam_b2],
           "learning_rate": t.learning_rate, "learning_rate_warmup": max(t.warmup_steps, 1),
           "scheduling": "warmupinversesquareroot", "weight_decay": t.weight_decay,
           "clip_grad_norm": t.clip_norm or None, "label_smoothing": t.label_smoothing,
@@ -73,15 +75,23 @@ def _plain(line: str) -> str:
   return "".join(" " if c in _LINE_BREAKS else c for c in line)
 
 
+def _pairs(text: corpus.ParallelText) -> list[tuple[str, str]]:
+  return [(_plain(s), _plain(t)) for s, t in zip(text.src, text.tgt, strict=True)
+          if s.strip() and t.strip()]
+
+
 def write_corpus(train: corpus.ParallelText, test_src: list[str], directory: Path,
-                 src_lang: str, tgt_lang: str) -> int:
+                 src_lang: str, tgt_lang: str, dev: corpus.ParallelText | None = None) -> int:
   """Plain-text files as JoeyNMT reads them: train.{src,tgt} (the pairs with both sides
-  non-empty, as ours trains on them) and test.{src}, one sentence a line. Returns the pairs
-  written."""
-  pairs = [(_plain(s), _plain(t)) for s, t in zip(train.src, train.tgt, strict=True)
-           if s.strip() and t.strip()]
-  for lang, lines in ((src_lang, [s for s, _ in pairs]), (tgt_lang, [t for _, t in pairs]),
-                      (None, [_plain(s) for s in test_src])):
-    name = f"train.{lang}" if lang else f"test.{src_lang}"
+  non-empty, as ours trains on them), test.{src} and, given `dev`, dev.{src,tgt} (its pairs
+  with both sides non-empty: JoeyNMT refuses an empty line), one sentence a line. Returns the
+  training pairs written."""
+  pairs = _pairs(train)
+  files = {f"train.{src_lang}": [s for s, _ in pairs], f"train.{tgt_lang}": [t for _, t in pairs],
+           f"test.{src_lang}": [_plain(s) for s in test_src]}
+  if dev is not None:
+    files |= {f"dev.{src_lang}": [s for s, _ in _pairs(dev)],
+              f"dev.{tgt_lang}": [t for _, t in _pairs(dev)]}
+  for name, lines in files.items():
     (directory / name).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
   return len(pairs)

@@ -4,25 +4,32 @@ virtualenv: it imports torch and joeynmt, and nothing of seq2seq (which that vir
   JOEYNMT_PYTHON -I joeynmt_worker.py SETUP.json
 
 SETUP.json holds JoeyNMT's config (`joeynmt_files.joeynmt_config`), the threads, the real
-target tokens per batch to match and the decoding batches. Each line on stdin is a request,
-`{"command": ..., "arguments": {...}}`; each gets one JSON line on stdout, the reply, or
-`{"error": "Type: message"}` (the traceback goes to stderr). stdout carries nothing else: what
-JoeyNMT or torch print goes to stderr. The worker waits on stdin between requests, so it takes
-no CPU while the other side is timed (each reply's `idle_cpu_s` shows it).
+target tokens per batch to match and the decoding batches; with `"budget"`, the worker is
+`Budget`, JoeyNMT's training at a recipe's full budget (`joeynmt_budget`), not the timing.
+Each line on stdin is a request, `{"command": ..., "arguments": {...}}`; each gets one JSON
+line on stdout, the reply, or `{"error": "Type: message"}` (the traceback goes to stderr).
+stdout carries nothing else: what JoeyNMT or torch print goes to stderr. The worker waits on
+stdin between requests, so it takes no CPU while the other side is timed (each reply's
+`idle_cpu_s` shows it).
 
 It drives JoeyNMT through its own API, as `joeynmt train` and `joeynmt test` run it:
 `prediction.prepare` (data, vocabulary, model, loss), `training.TrainManager` for the optimizer,
 scheduler and gradient clipping, `TrainManager._train_step` and the update that
 `train_and_validate` makes after it, and `search.search` for beam search. Timing a fixed number
 of steps here, rather than parsing JoeyNMT's log, leaves its start-up and validation out.
+`Budget` runs `TrainManager.train_and_validate` itself, validation and checkpoints included, as
+`joeynmt train` does, resumed from JoeyNMT's latest checkpoint.
 """
 
 import copy
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+from pathlib import Path
 
 
 def describe(error: BaseException) -> str:
@@ -162,7 +169,7 @@ class Joey:
   def _decode_batches(self) -> list:
     """The decoding batches: the test sentences in the groups of the setup (the project's,
     so that both sides search the same sentences together), each sorted by length as
-    `prediction.predict` sorts it."""
+    `prediction.predict` sorts it (`batch.indices` keeps each row's line)."""
     data, model, batches = self.test_data, self.search_model, []
     for indices in self.setup["decode"]["groups"]:
       batch = data.collate_fn([data[i] for i in indices], pad_index=model.pad_index,
@@ -194,6 +201,126 @@ class Joey:
             "output_tokens": tokens}
 
 
+def _interrupt_once(signum, frame) -> None:
+  """SIGINT's handler: the first raises KeyboardInterrupt, on which JoeyNMT's trainer saves a
+  checkpoint; later ones are ignored, so that nothing interrupts that save."""
+  del signum, frame
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  raise KeyboardInterrupt
+
+
+def watch_parent(every: float = 5.0) -> None:
+  """Interrupts this process once its parent has gone (killed outright), as Ctrl-C would: no
+  training is left behind, and JoeyNMT saves its checkpoint first."""
+  parent = os.getppid()
+
+  def watch() -> None:
+    while os.getppid() == parent:
+      time.sleep(every)
+    os.kill(os.getpid(), signal.SIGINT)
+
+  threading.Thread(target=watch, daemon=True).start()
+
+
+class Budget(Joey):
+  """JoeyNMT's own training at a recipe's full budget (`train_to_end`: the loop of `joeynmt
+  train`), resumed from its latest checkpoint, and the translation of the test split from its
+  best checkpoint by validation BLEU (`translate`)."""
+
+  def start(self) -> dict:
+    """Builds the data and model as `joeynmt train` does, and the token budget: the setup's
+    (a resumed run's), or the one whose batches hold the setup's real target tokens."""
+    begin = time.perf_counter()
+    signal.signal(signal.SIGINT, _interrupt_once)
+    watch_parent()
+    import torch
+
+    torch.set_num_threads(self.setup["threads"])
+    import joeynmt
+    from joeynmt.config import parse_global_args
+    from joeynmt.helpers import set_seed
+    from joeynmt.prediction import prepare
+
+    self.torch, cfg = torch, copy.deepcopy(self.setup["config"])
+    set_seed(cfg["random_seed"])  # `prepare` seeds after building the model: its weights too.
+    args = parse_global_args(cfg, rank=0, mode="train")
+    self.model, self.train_data, self.dev_data, self.test_data = prepare(args, rank=0,
+                                                                         mode="train")
+    batch_size = (self.setup.get("batch_size")
+                  or self._match_tokens(self.setup["target_tokens_per_batch"])[0])
+    self.args = args._replace(train=args.train._replace(batch_size=batch_size))
+    return {
+        "joeynmt": joeynmt.__version__, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "params": sum(p.numel() for p in
+                                                          self.model.parameters()),
+        "batch_size": batch_size,
+        "target_tokens_per_batch": round(self._real_tokens_per_batch(batch_size), 1),
+        "steps": self._steps_done(), "setup_s": round(time.perf_counter() - begin, 1),
+    }
+
+  def _checkpoint(self, name: str) -> dict | None:
+    from joeynmt.helpers import load_checkpoint
+
+    path = Path(self.args.model_dir) / name
+    return load_checkpoint(path, map_location=self.torch.device("cpu")) if path.is_file() else None
+
+  def _steps_done(self) -> int:
+    """The steps of JoeyNMT's latest checkpoint (0: none)."""
+    latest = self._checkpoint("latest.ckpt")
+    return latest["stats_state"]["steps"] if latest else 0
+
+  def train_to_end(self) -> dict:
+    """Trains to the config's `updates` as `joeynmt train` does (validating, and saving a
+    checkpoint at each validation and at the end), from the latest checkpoint where there is
+    one (`load_model`, every reset off: the weights, optimizer, scheduler, statistics and
+    sampler state). A finished training is not trained again."""
+    from joeynmt.config import set_validation_args
+    from joeynmt.training import TrainManager
+
+    args, steps, before = self.args, self.args.train.max_updates, self._steps_done()
+    if before >= steps:
+      return {"steps": before, "trained": 0, "seconds": 0.0}
+    if before:
+      latest = Path(args.model_dir) / "latest.ckpt"
+      args = args._replace(train=args.train._replace(load_model=latest))
+    start = time.perf_counter()
+    trainer = TrainManager(
+        model=self.model, model_dir=args.model_dir, device=args.device, n_gpu=args.n_gpu,
+        rank=0, num_workers=args.num_workers, autocast=args.autocast, seed=args.seed,
+        train_args=args.train, dev_args=set_validation_args(args.test))
+    trainer.train_and_validate(train_data=self.train_data, valid_data=self.dev_data)
+    done = trainer.stats.steps
+    if done < steps:  # It caught an interrupt, and saved a checkpoint.
+      raise RuntimeError(f"JoeyNMT's training stopped at step {done} of {steps}, its checkpoint"
+                         " saved; the same command resumes it")
+    return {"steps": done, "trained": done - before,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+  def translate(self) -> dict:
+    """The test sentences, in the setup's groups, each searched to its group's cap from the
+    best checkpoint by validation BLEU: their detokenized hypotheses, in the test file's
+    order, as `prediction.predict` makes them."""
+    from joeynmt.search import search
+
+    best = self._checkpoint("best.ckpt")
+    if best is None:
+      raise RuntimeError(f"{self.args.model_dir} has no best.ckpt: no validation has run")
+    self.model.load_state_dict(best["model_state"])
+    self.model.eval()
+    self.search_model, d, data = self.model, self.setup["decode"], self.test_data
+    hypotheses, start = [""] * len(data), time.perf_counter()
+    for batch, cap in zip(self._decode_batches(), d["caps"], strict=True):
+      output, _, _ = search(model=self.model, batch=batch, max_output_length=cap,
+                            beam_size=d["beam"], beam_alpha=d["alpha"], n_best=1)
+      pieces = self.model.trg_vocab.arrays_to_sentences(arrays=output, cut_at_eos=True)
+      for line, sentence in zip(batch.indices.tolist(), pieces, strict=True):
+        hypotheses[line] = data.tokenizer[data.trg_lang].post_process(
+            sentence, generate_unk=True, cut_at_sep=True)
+    stats = best["stats_state"]
+    return {"hypotheses": hypotheses, "seconds": round(time.perf_counter() - start, 1),
+            "best_step": stats["steps"], "best_val_bleu": stats["best_ckpt_score"]}
+
+
 def main(argv: list[str]) -> None:
   # Run by path, Python puts this folder first on sys.path, where our profile.py would shadow
   # the standard library's, which torch imports (the parent starts it with -I, which leaves it
@@ -204,8 +331,18 @@ def main(argv: list[str]) -> None:
   os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # Whatever else prints goes to stderr.
   sys.stdout = sys.stderr
   with open(argv[1], encoding="utf-8") as f:
-    joey = Joey(json.load(f))
-  serve({"start": joey.start, "train": joey.train, "decode": joey.decode}, sys.stdin, replies)
+    setup = json.load(f)
+  if setup.get("budget"):
+    joey = Budget(setup)
+    handlers = {"start": joey.start, "train_to_end": joey.train_to_end,
+                "translate": joey.translate}
+  else:
+    joey = Joey(setup)
+    handlers = {"start": joey.start, "train": joey.train, "decode": joey.decode}
+  try:
+    serve(handlers, sys.stdin, replies)
+  except BrokenPipeError:  # The parent has gone (`watch_parent`): no one reads the reply.
+    os._exit(1)
 
 
 if __name__ == "__main__":
