@@ -78,7 +78,6 @@ def search_fn(params, src, seed=None, *, graphdef, strategy: search.Strategy, ma
   return search.generate(model, src, strategy, max_len=max_len, caps=caps, seed=seed)
 
 
-
 def search_arguments(strategy: search.Strategy) -> tuple:
   """What a search program takes after `(params, src)`: sampling's seed, as a uint32 (which keys
   the draws as the seed itself would, any int), so that one compiled program samples with

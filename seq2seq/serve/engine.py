@@ -138,8 +138,9 @@ class Engine:
                             f" {len(job.lines)} entries; send one translation per sentence.")
     tokenizer, job.target_ids = job.run.tokenizer, []
     for i, pieces in enumerate(subwords):
-      pieces = list(pieces[:-1] if pieces and pieces[-1] == "</s>" else pieces)
       ids = [tokenizer.piece_id(piece) for piece in pieces]
+      if ids and ids[-1] == EOS_ID:  # The labels end with </s> where the search reached it.
+        pieces, ids = pieces[:-1], ids[:-1]
       bad = next((p for p, j in zip(pieces, ids, strict=True)
                   if j is None or j in (PAD_ID, BOS_ID, EOS_ID)), None)
       if not pieces or bad is not None:
