@@ -45,6 +45,11 @@ def beam(step_fn, batch=1, max_len=8, **kw):
   return search.beam_search(step_fn, cache, batch, max_len, **kw)
 
 
+def strategy_search(strategy, step_fn, cache, *args):
+  """`strategy.search` of a step function without memory (`table_step`'s)."""
+  return strategy.search(lambda memory, cache, ids: step_fn(cache, ids), None, cache, *args)
+
+
 def test_beam_search_finds_the_sequence_greedy_misses():
   # Greedy takes A (0.6) and then ends: 0.6 * 0.4 = 0.24.  B EOS has 0.4 * 0.99.
   step = table_step(transition_table({BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.4, C: 0.3, B: 0.3},
@@ -264,7 +269,8 @@ def test_no_search_gives_pad_or_bos_even_where_the_model_prefers_them():
   ids, scores = beam(step, beam_size=2, alpha=0.0, nbest=2, max_len=4)
   np.testing.assert_array_equal(ids[0, 0], [A, EOS_ID, PAD_ID, PAD_ID])
   np.testing.assert_allclose(scores[0, 0], np.log(0.15 * 0.4), rtol=1e-5)
-  sampled = np.asarray(search.Sampling(0).search(step, jnp.zeros((400,)), 400, 4)[0][:, 0])
+  sampled = strategy_search(search.Sampling(0), step, jnp.zeros((400,)), 400, 4)[0]
+  sampled = np.asarray(sampled[:, 0])
   assert not np.isin(sampled[:, 0], [PAD_ID, BOS_ID]).any()
   assert set(sampled[:, 0].tolist()) == {A, B}
 
@@ -302,12 +308,12 @@ def test_distinct_sentences_draw_with_distinct_keys():
   step = table_step(transition_table({t: {A: 0.34, B: 0.33, C: 0.33} for t in (BOS_ID, A, B, C)}))
   src = jnp.array([[2600, 800, 20, EOS_ID, PAD_ID], [89, 12, 7, EOS_ID, PAD_ID],
                    [2600, 800, 20, EOS_ID, PAD_ID]])
-  ids = np.asarray(search.Sampling(1).search(step, jnp.zeros((3,)), 3, 12, src)[0][:, 0])
+  ids = np.asarray(strategy_search(search.Sampling(1), step, jnp.zeros((3,)), 3, 12, src)[0][:, 0])
   assert not np.array_equal(ids[0], ids[1])
   np.testing.assert_array_equal(ids[0], ids[2])  # Identical lines: identical samples.
   longer = jnp.pad(src[:1], ((0, 0), (0, 4)))
   np.testing.assert_array_equal(
-      search.Sampling(1).search(step, jnp.zeros((1,)), 1, 12, longer)[0][0, 0], ids[0])
+      strategy_search(search.Sampling(1), step, jnp.zeros((1,)), 1, 12, longer)[0][0, 0], ids[0])
 
 
 def test_a_sample_depends_on_its_sentence_not_its_batch(model):
@@ -335,11 +341,12 @@ def test_sampling_draws_only_from_the_top_k():
   # From BOS: A 0.5, B 0.3, C 0.2; with top_k=2, C must never be drawn, A and B both are.
   step = table_step(transition_table({BOS_ID: {A: 0.5, B: 0.3, C: 0.2}}))
   sampling = search.Sampling(seed=0, top_k=2)
-  first = sampling.search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
+  first = strategy_search(sampling, step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
   counts = {t: int(np.sum(np.asarray(first) == t)) for t in (A, B, C)}
   assert counts[C] == 0 and counts[A] > counts[B] > 100
   # A fixed seed gives the same samples.
-  again = search.Sampling(seed=0, top_k=2).search(step, jnp.zeros((500,)), 500, 2)[0][:, 0, 0]
+  again = strategy_search(search.Sampling(seed=0, top_k=2), step, jnp.zeros((500,)), 500,
+                          2)[0][:, 0, 0]
   np.testing.assert_array_equal(first, again)
 
 
@@ -454,7 +461,7 @@ def test_cache_lengths_halve_max_len_down_to_the_shortest_phase():
 
 
 @pytest.mark.parametrize("attention", ["scaled_dot", "local"])
-def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatch):
+def test_beam_search_in_cache_phases_equals_one_full_cache(attention):
   """Growing the Transformer's cache 5 -> 10 -> 20 slots decodes as a 20-slot cache."""
   c = base_config()
   c.model.emb_dim, c.model.num_heads, c.model.mlp_dim = 32, 4, 64
@@ -468,16 +475,13 @@ def test_beam_search_in_cache_phases_equals_one_full_cache(attention, monkeypatc
     logits, cache = model.decode_step(memory, cache, token_ids)
     return logits.at[:, EOS_ID].set(-1e9), cache
 
-  def decode():
-    return jax.jit(lambda cache: search.beam_search(step, cache, 3, 20, beam_size=3,
-                                                      alpha=0.6, nbest=3))(cache)
+  def decode(shortest_phase):
+    return jax.jit(lambda cache: search.beam_search(
+        step, cache, 3, 20, beam_size=3, alpha=0.6, nbest=3,
+        shortest_phase=shortest_phase))(cache)
 
-  cache_lengths = beams.cache_lengths
-  monkeypatch.setattr(search, "cache_lengths", lambda max_len: cache_lengths(max_len, 5))
-  assert search.cache_lengths(20) == (5, 10, 20)
-  phased = decode()
-  monkeypatch.setattr(search, "cache_lengths", lambda max_len: (max_len,))
-  whole = decode()
+  assert beams.cache_lengths(20, 5) == (5, 10, 20) and beams.cache_lengths(20, 20) == (20,)
+  phased, whole = decode(5), decode(20)
   assert np.all(np.asarray(whole[0]) != PAD_ID)
   np.testing.assert_array_equal(phased[0], whole[0])
   # The same terms, summed over 5 or 10 slots instead of 20: equal up to float rounding.

@@ -1,5 +1,6 @@
 """How a model's memory and cache follow beam search's hypotheses (`search.beam_search`):
-copied per beam, reordered as hypotheses take their parents' places, grown in phases."""
+copied per beam, reordered as hypotheses take their parents' places, grown in phases, and
+taken and put back by sentence as the batch compacts."""
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +20,21 @@ def expand_to_beams(tree, beam_size: int, *, copy_all: bool = False):
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
 
 
+def _has_own(name: str):
+  return lambda x: hasattr(x, name)
+
+
 def select_rows(cache, rows: jnp.ndarray):
   """The cache of the hypotheses `rows` (`[batch * beam]` indices): every batch-major array
-  gathered, scalars left as they are. A cache with a `select(rows)` method (an ensemble's,
+  gathered, scalars left as they are. A node with a `select(rows)` method (an ensemble's cache,
   whose arrays lead with a member axis) reorders itself."""
-  if hasattr(cache, "select"):
-    return cache.select(rows)
-  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], cache)
+
+  def select(x):
+    if hasattr(x, "select"):
+      return x.select(rows)
+    return x if x.ndim == 0 else x[rows]
+
+  return jax.tree.map(select, cache, is_leaf=_has_own("select"))
 
 
 def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
@@ -42,3 +51,69 @@ def cache_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
   while lengths[0] // 2 >= shortest:
     lengths.insert(0, lengths[0] // 2)
   return tuple(lengths)
+
+
+def compaction_sizes(batch_size: int, smallest: int = 32) -> tuple[int, ...]:
+  """The batch sizes beam search steps with as sentences end, largest first: `batch_size`
+  halved while the half holds at least `smallest` sentences (128: 128, 64, 32; 32: 32).
+
+  Each size is one more compiled copy of the step per cache phase, so sizes stop at `smallest`:
+  below it a step's fixed cost outweighs its rows (docs/performance.md)."""
+  sizes = [batch_size]
+  while sizes[-1] // 2 >= smallest:
+    sizes.append(sizes[-1] // 2)
+  return tuple(sizes)
+
+
+def _by_sentence(x: jnp.ndarray, batch_size: int, beam_size: int) -> str:
+  """How an array of a memory, cache or search state is laid out: "hypotheses" (`[batch *
+  beam, ...]`), "sentences" (`[batch, ...]`) or "shared" (a scalar, or a leading 1 that
+  broadcasts)."""
+  if x.ndim == 0:
+    return "shared"
+  if x.shape[0] == batch_size * beam_size:
+    return "hypotheses"
+  if x.shape[0] == batch_size:
+    return "sentences"
+  if x.shape[0] == 1:
+    return "shared"
+  raise ValueError(f"An array of shape {x.shape} is neither per sentence ({batch_size}) nor per"
+                   f" hypothesis ({batch_size} x {beam_size}).")
+
+
+def _hypotheses(sentences: jnp.ndarray, beam_size: int) -> jnp.ndarray:
+  return (sentences[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)
+
+
+def take_sentences(tree, sentences: jnp.ndarray, batch_size: int, beam_size: int):
+  """The part of a memory, cache or search state (any pytree whose arrays are batch-major by
+  sentence or by hypothesis) that holds `sentences` (`[n]` indices), in their order: `n` rows
+  of every per-sentence array, `n * beam_size` of every per-hypothesis one. A node with a
+  `take_sentences` method of these arguments (an ensemble's, whose arrays lead with a member
+  axis) takes its own."""
+
+  def take(x):
+    if hasattr(x, "take_sentences"):
+      return x.take_sentences(sentences, batch_size, beam_size)
+    layout = _by_sentence(x, batch_size, beam_size)
+    if layout == "hypotheses":
+      return x[_hypotheses(sentences, beam_size)]
+    return x[sentences] if layout == "sentences" else x
+
+  return jax.tree.map(take, tree, is_leaf=_has_own("take_sentences"))
+
+
+def put_sentences(tree, part, sentences: jnp.ndarray, batch_size: int, beam_size: int):
+  """`tree` with `part` (`take_sentences(tree, sentences, ...)`, after a search changed it)
+  written back into the rows of `sentences`; shared values (a cache's step) are `part`'s. A
+  node with a `put_sentences(part, sentences, batch_size, beam_size)` method puts its own."""
+
+  def put(x, y):
+    if hasattr(x, "put_sentences"):
+      return x.put_sentences(y, sentences, batch_size, beam_size)
+    layout = _by_sentence(x, batch_size, beam_size)
+    if layout == "hypotheses":
+      return x.at[_hypotheses(sentences, beam_size)].set(y)
+    return x.at[sentences].set(y) if layout == "sentences" else y
+
+  return jax.tree.map(put, tree, part, is_leaf=_has_own("put_sentences"))

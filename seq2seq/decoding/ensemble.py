@@ -23,9 +23,27 @@ def stack(params: Sequence) -> object:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *params)
 
 
-class Memory(NamedTuple):
-  """Per group, its members' memories stacked along a leading axis."""
+class _Grouped(NamedTuple):
+  """Per group, its members' pytrees stacked along a leading axis: taken and put back per
+  sentence (beam search's compaction) member by member."""
   groups: tuple
+
+  def take_sentences(self, sentences, batch_size: int, beam_size: int):
+    """`beams.take_sentences` of each member's."""
+    return type(self)(tuple(
+        jax.vmap(lambda t: beams.take_sentences(t, sentences, batch_size, beam_size))(group)
+        for group in self.groups))
+
+  def put_sentences(self, part, sentences, batch_size: int, beam_size: int):
+    """`beams.put_sentences` of each member's."""
+    return type(self)(tuple(
+        jax.vmap(lambda t, p: beams.put_sentences(t, p, sentences, batch_size, beam_size))(
+            group, part_group) for group, part_group in zip(self.groups, part.groups,
+                                                            strict=True)))
+
+
+class Memory(_Grouped):
+  """Per group, its members' memories stacked along a leading axis."""
 
   def for_beams(self, beam_size: int) -> "Memory":
     """Each member's memory expanded as `beams.expand_to_beams` expands one model's."""
@@ -33,9 +51,8 @@ class Memory(NamedTuple):
                         for memory in self.groups))
 
 
-class Cache(NamedTuple):
+class Cache(_Grouped):
   """Per group, its members' caches stacked along a leading axis."""
-  groups: tuple
 
   def select(self, rows: jnp.ndarray) -> "Cache":
     """The cache of hypotheses `rows` (beam search's reordering), member by member

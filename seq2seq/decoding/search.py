@@ -14,33 +14,16 @@ for sampling's seed (an argument); `generate(model, src_ids, strategy, max_len=.
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding.beams import cache_lengths, expand_to_beams, select_rows
-from seq2seq.decoding.top_k import best_extensions
-
-NEG_INF = -1e9  # The score of no hypothesis: far below any log-probability, yet finite.
-
-
-def translatable(scores: jnp.ndarray, fill: float = -jnp.inf) -> jnp.ndarray:
-  """`scores [..., vocab]` with PAD and BOS at `fill`, to pick from: no translation holds them
-  (a fed PAD is read by the cache but masked when teacher-forced: its score would differ), yet
-  models give them mass. A pick's score stays the model's log-probability, their mass included."""
-  return scores.at[..., jnp.array([PAD_ID, BOS_ID])].set(fill)
-
-
-def in_use(src_ids: jnp.ndarray | None, batch_size: int) -> jnp.ndarray:
-  """`[batch]` bool: the rows that hold a sentence, not all PAD as a batch's filler rows are
-  (even an empty sentence has EOS). A search must not step for fillers: their hypotheses, from a
-  source of nothing, seldom end, and one kept a whole batch of 128 stepping to its cap."""
-  if src_ids is None:
-    return jnp.ones((batch_size,), bool)
-  return src_ids[:, 0] != PAD_ID
+from seq2seq.decoding.beam_search import BeamState, beam_search  # noqa: F401 (re-export)
+from seq2seq.decoding.beams import cache_lengths, expand_to_beams  # noqa: F401 (re-export)
+from seq2seq.decoding.scores import NEG_INF, in_use, length_penalty, translatable  # noqa: F401 (re-export)
 
 
 def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
@@ -111,144 +94,6 @@ def decode_caps(src, a: float, b: int, limit: int) -> jnp.ndarray:
   return table[jnp.searchsorted(jnp.array(grid), lengths, side="left")]
 
 
-def length_penalty(length, alpha: float):
-  """GNMT length penalty (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
-  return ((5.0 + length) / 6.0) ** alpha
-
-
-class BeamState(NamedTuple):
-  """Beam search's loop state for `b` sentences of `k` beams (a pytree)."""
-  step: jnp.ndarray  # Scalar int32: tokens produced so far.
-  cache: Any  # The model's cache of the `b * k` live hypotheses.
-  last: jnp.ndarray  # [b, k] int32: each live hypothesis' last token.
-  alive_seq: jnp.ndarray  # [b, k, max_len] int32: the live hypotheses, PAD after `step`.
-  alive_log_probs: jnp.ndarray  # [b, k] float32: their log-probabilities, best first.
-  finished_seq: jnp.ndarray  # [b, k, max_len] int32: the best hypotheses ended by EOS.
-  finished_scores: jnp.ndarray  # [b, k] float32: theirs, length-normalized (NEG_INF: none).
-
-  @classmethod
-  def initial(cls, cache, batch_size: int, beam_size: int, max_len: int) -> "BeamState":
-    """Before the first token: only the first beam is live, so the `beam_size` beams do not
-    all repeat one hypothesis."""
-    b, k = batch_size, beam_size
-    empty = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
-    alive_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))
-    return cls(step=jnp.zeros((), jnp.int32), cache=cache,
-               last=jnp.full((b, k), BOS_ID, jnp.int32), alive_seq=empty,
-               alive_log_probs=alive_log_probs, finished_seq=empty,
-               finished_scores=jnp.full((b, k), NEG_INF, jnp.float32))
-
-
-def _gather_beams(x: jnp.ndarray, beam_index: jnp.ndarray) -> jnp.ndarray:
-  """Picks `beam_index [b, n]` out of `x [b, k, ...]`."""
-  return jnp.take_along_axis(x, beam_index.reshape(beam_index.shape + (1,) * (x.ndim - 2)),
-                             axis=1)
-
-
-def _can_improve(state: BeamState, end: int, caps: jnp.ndarray, alpha: float, nbest: int,
-                 rows: jnp.ndarray):
-  """Whether to take another step: before `end`, while some sentence (of `rows`, those in
-  use, before its cap) has a best live hypothesis that can still beat its `nbest`-th finished
-  one. With alpha >= 0 a live score can only fall, to at best `log_prob / length_penalty(cap)`."""
-  best_possible = state.alive_log_probs[:, 0] / length_penalty(caps, alpha)
-  improvable = best_possible > state.finished_scores[:, nbest - 1]
-  return (state.step < end) & jnp.any(improvable & rows & (state.step < caps))
-
-
-def _beam_step(step_fn, alpha: float, caps: jnp.ndarray, state: BeamState) -> BeamState:
-  """Extends every live beam by every token and keeps the `2 * k` best extensions: those
-  ending in EOS join the finished set, the best `k` others stay live. A sentence at its cap
-  (`caps [b]`) keeps its hypotheses as they are."""
-  (b, k), i = state.last.shape, state.step
-  logits, cache = step_fn(state.cache, state.last.reshape(b * k))
-  logits = logits.astype(jnp.float32)
-  top_log_probs, top_beam, top_token = best_extensions(logits, translatable(logits, NEG_INF),
-                                                       state.alive_log_probs, 2 * k)
-  top_seq = _gather_beams(state.alive_seq, top_beam).at[:, :, i].set(top_token)
-  is_eos = top_token == EOS_ID
-
-  # Live: the best k extensions that did not end.
-  alive_log_probs, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_log_probs), k)
-  flat_beams = (jnp.arange(b)[:, None] * k + _gather_beams(top_beam, keep)).reshape(b * k)
-
-  # Finished: merge the new EOS extensions into the best k so far.
-  new_scores = jnp.where(is_eos, top_log_probs / length_penalty(i + 1.0, alpha), NEG_INF)
-  scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
-  seqs = jnp.concatenate([state.finished_seq, top_seq], axis=1)
-  finished_scores, best = jax.lax.top_k(scores, k)
-  new = dict(last=_gather_beams(top_token, keep), alive_seq=_gather_beams(top_seq, keep),
-             alive_log_probs=alive_log_probs, finished_seq=_gather_beams(seqs, best),
-             finished_scores=finished_scores)
-  going = i < caps
-  new = {name: jnp.where(going.reshape((b,) + (1,) * (x.ndim - 1)), x, getattr(state, name))
-         for name, x in new.items()}
-  return BeamState(step=i + 1, cache=select_rows(cache, flat_beams), **new)
-
-
-def _nbest(state: BeamState, alpha: float, nbest: int,
-           caps: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """The `nbest` best hypotheses per sentence and their scores: finished ones first; a sentence
-  with fewer than `nbest` of them (its cap reached) is completed with live ones, scored so."""
-  length = jnp.minimum(state.step, caps).astype(jnp.float32)[:, None]
-  alive_final = state.alive_log_probs / length_penalty(length, alpha)
-  finished = state.finished_scores > NEG_INF / 2
-  scores = jnp.concatenate([state.finished_scores, alive_final], axis=1)
-  rank = scores + jnp.concatenate([jnp.where(finished, 0.0, 2 * NEG_INF),
-                                   jnp.full_like(alive_final, NEG_INF)], axis=1)
-  _, best = jax.lax.top_k(rank, nbest)
-  seqs = jnp.concatenate([state.finished_seq, state.alive_seq], axis=1)
-  return _gather_beams(seqs, best), _gather_beams(scores, best)
-
-
-def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int,
-                alpha: float, nbest: int = 1, rows: jnp.ndarray | None = None,
-                caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Beam search with the GNMT length penalty and early stopping.
-
-  Each step extends every live beam by every token and keeps the `2 * beam` best extensions: those
-  ending in EOS join the finished set (scored by log-probability / length_penalty), the best `beam`
-  others stay live. The search stops once no live beam can beat the `nbest`-th finished hypothesis
-  of any sentence (with alpha >= 0 a live score can only fall below `log_prob /
-  length_penalty(max_len)`), or after `max_len` steps.
-
-  A cache with a `resized(length)` method (the Transformer's) is grown in phases (`cache_lengths`):
-  each phase is its own loop over a cache of fixed size. The unwritten slots it leaves out are
-  masked anyway, so the search finds what one loop over the full cache finds (scores may differ in
-  the last bit: attention sums the same terms over fewer slots).
-
-  Args:
-    step_fn: see the module docstring; works on `batch * beam` rows.
-    cache: the initial cache, already expanded with `expand_to_beams` (room for
-      `max_len` tokens; a resizable one may be any size).
-    batch_size: number of sentences.
-    max_len: most tokens per hypothesis (EOS included).
-    beam_size: live hypotheses per sentence.
-    alpha: length-penalty exponent (0: plain log-probability).
-    nbest: hypotheses returned per sentence, 1 to `beam_size` (`Beam` checks it).
-    rows: `[batch]` bool, the sentences in use (`in_use`): only they keep the search stepping
-      (what the others get is not a translation). None: all.
-    caps: `[batch]` int32, each sentence's own most tokens (at most `max_len`), so that
-      sentences of several lengths share a batch; None: `max_len`.
-
-  Returns:
-    (ids `[batch, nbest, max_len]`: tokens up to and including EOS, then PAD; scores `[batch,
-     nbest]`: length-normalized log-probabilities). Finished hypotheses come first, best first;
-    unfinished ones (cut at max_len) only fill the list when fewer than `nbest` finished.
-  """
-  state = BeamState.initial(cache, batch_size, beam_size, max_len)
-  rows = in_use(None, batch_size) if rows is None else rows
-  caps = jnp.full((batch_size,), max_len, jnp.int32) if caps is None else caps
-  body = functools.partial(_beam_step, step_fn, alpha, caps)
-  resizable = hasattr(cache, "resized")
-  for length in cache_lengths(max_len) if resizable else (max_len,):
-    if resizable:
-      state = state._replace(cache=state.cache.resized(length))
-    cond = functools.partial(_can_improve, end=length, caps=caps, alpha=alpha, nbest=nbest,
-                             rows=rows)
-    state = jax.lax.while_loop(cond, body, state)
-  return _nbest(state, alpha, nbest, caps)
-
-
 class _OneHypothesis:
   """A strategy that extends one hypothesis per sentence by the token `pick` chooses, scored
   by its log-probability over the length penalty at `alpha`."""
@@ -259,14 +104,15 @@ class _OneHypothesis:
     """The encoder memory as `search` decodes it: one row per sentence."""
     return memory
 
-  def search(self, step_fn, cache, batch_size: int, max_len: int,
+  def search(self, decode_step, memory, cache, batch_size: int, max_len: int,
              src_ids: jnp.ndarray | None = None, seed=None,
              caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` (`src_ids`: the
-    sentences, `[batch, src_len]`, and `seed`, for a strategy whose picks depend on them;
-    `caps`: `token_by_token`'s)."""
+    """ids `[batch, 1, max_len]` and length-normalized scores `[batch, 1]` of a model's
+    `decode_step(memory, cache, token_ids)` (`src_ids`: the sentences, `[batch, src_len]`, and
+    `seed`, for a strategy whose picks depend on them; `caps`: `token_by_token`'s)."""
     pick = self.picker(batch_size, src_ids, seed)
-    ids, log_probs, lengths = token_by_token(step_fn, cache, batch_size, max_len, pick,
+    ids, log_probs, lengths = token_by_token(functools.partial(decode_step, memory), cache,
+                                             batch_size, max_len, pick,
                                              in_use(src_ids, batch_size), caps)
     return ids[:, None], (log_probs / length_penalty(lengths, self.alpha))[:, None]
 
@@ -355,14 +201,15 @@ class Beam:
     """The encoder memory as `search` decodes it: `beam_size` rows per sentence."""
     return expand_to_beams(memory, self.beam_size)
 
-  def search(self, step_fn, cache, batch_size: int, max_len: int,
+  def search(self, decode_step, memory, cache, batch_size: int, max_len: int,
              src_ids: jnp.ndarray | None = None, seed=None,
              caps: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`."""
+    """ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]`, the batch
+    compacted as sentences end (`beam_search`)."""
     del seed
-    return beam_search(step_fn, cache, batch_size, max_len, beam_size=self.beam_size,
+    return beam_search(decode_step, cache, batch_size, max_len, beam_size=self.beam_size,
                        alpha=self.alpha, nbest=self.nbest, rows=in_use(src_ids, batch_size),
-                       caps=caps)
+                       caps=caps, memory=memory)
 
 
 Strategy = Greedy | Sampling | Beam
@@ -385,6 +232,5 @@ def generate(model, src_ids: jnp.ndarray, strategy: Strategy, *, max_len: int,
     ids `[batch, nbest, max_len]` and length-normalized scores `[batch, nbest]` (strategy.nbest).
   """
   memory, batch_size = strategy.prepare(model.encode(src_ids)), src_ids.shape[0]
-  return strategy.search(functools.partial(model.decode_step, memory),
-                         model.init_cache(memory, max_len), batch_size, max_len, src_ids, seed,
-                         caps)
+  return strategy.search(model.decode_step, memory, model.init_cache(memory, max_len),
+                         batch_size, max_len, src_ids, seed, caps)
