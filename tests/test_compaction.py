@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from seq2seq.config import base_config
 from seq2seq.data.special_ids import EOS_ID, PAD_ID
@@ -100,7 +101,6 @@ def test_an_ensembles_memory_and_cache_compact_member_by_member():
   """An ensemble of a Transformer and an RNN (two groups, members stacked): compacted, the same
   n-best as the whole batch's."""
   members = [build_model(small_config(family), 30) for family in ("transformer", "rnn")]
-  from flax import nnx
   graphdefs, params = zip(*(nnx.split(m) for m in members), strict=True)
   both = ensemble.Ensemble(graphdefs, [ensemble.stack([p]) for p in params])
   compacted, whole, steps, _ = search_both_ways(EndsByLength(both), nbest=1)

@@ -27,4 +27,3 @@ def in_use(src_ids: jnp.ndarray | None, batch_size: int) -> jnp.ndarray:
 def length_penalty(length, alpha: float):
   """GNMT length penalty (Wu et al., 2016): ((5 + length) / 6) ** alpha."""
   return ((5.0 + length) / 6.0) ** alpha
-

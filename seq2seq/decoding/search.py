@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding.beam_search import BeamState, beam_search  # noqa: F401 (re-export)
-from seq2seq.decoding.beams import cache_lengths, expand_to_beams  # noqa: F401 (re-export)
+from seq2seq.decoding.beam_search import beam_search
+from seq2seq.decoding.beams import expand_to_beams
 from seq2seq.decoding.scores import NEG_INF, in_use, length_penalty, translatable  # noqa: F401 (re-export)
 
 
