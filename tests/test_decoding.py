@@ -402,12 +402,13 @@ def test_sentences_of_every_length_share_a_batch_and_translate_as_alone(run):
     np.testing.assert_allclose(found[0][1], alone[0][1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [None, 64])
 @pytest.mark.parametrize("n,k", [(32_000, 8), (5_003, 6), (300, 4)])
-def test_top_k_by_chunks_equals_lax_top_k(n, k):
+def test_top_k_by_chunks_equals_lax_top_k(n, k, chunk):
   x = jax.random.normal(jax.random.key(0), (5, n))
   x = x.at[1].set(jnp.round(x[1] * 2) / 2)  # Many ties: the lower index must win.
   x = x.at[2, : n // 2].set(-1e9)  # Dead beams' candidates, as in beam search.
-  values, index = top_k.chunked_top_k(x, k, chunk=64)
+  values, index = top_k.chunked_top_k(x, k, chunk=chunk)
   expected_values, expected_index = jax.lax.top_k(x, k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(index, expected_index)
@@ -416,7 +417,7 @@ def test_top_k_by_chunks_equals_lax_top_k(n, k):
 def test_best_extensions_are_the_best_of_every_hypothesis_and_token():
   """`top_k.best_extensions` (each hypothesis's best tokens first) picks what the top of all
   `beam * vocab` sums of live log-probability and log-softmax picks, PAD and BOS excluded."""
-  b, k, vocab = 3, 4, 5000  # 5,000: chunks of 125, no padding.
+  b, k, vocab = 3, 4, 5000  # 5,000: chunks that divide it, no padding.
   logits = 4 * jax.random.normal(jax.random.key(1), (b * k, vocab))
   alive = jnp.array([[-1.0, -1.5, -2.0, -2.5], [0.0, search.NEG_INF, search.NEG_INF,
                                                 search.NEG_INF], [-3.0, -3.1, -3.2, -9.0]])
