@@ -17,7 +17,7 @@ import scipy.stats
 from sacrebleu.metrics import BLEU
 
 from seq2seq import config as config_lib
-from seq2seq.compare import comparison, output, records, report, stats, sweep
+from seq2seq.compare import comparison, evaluations, output, records, report, stats, sweep
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, scores
@@ -114,7 +114,7 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
   runs = sorted(root.iterdir())
   out = tmp_path / "report"
   rows = comparison.compare_runs(runs, out, baseline=root / "num_heads-2_seed-0", split="val",
-                              test_sets=[comparison.parse_test_set(f"extra={src},{ref}")],
+                              test_sets=[evaluations.parse_test_set(f"extra={src},{ref}")],
                               beam_size=1, n_samples=50)
   with open(out / "comparison.csv", encoding="utf-8") as f:
     table = list(csv.DictReader(f))
@@ -142,7 +142,7 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
 
   # The same four as two comparisons, the second joining the first (--earlier): the same
   # scores and the same Welch test, from the cached evaluations.
-  search = dict(split="val", test_sets=[comparison.parse_test_set(f"extra={src},{ref}")],
+  search = dict(split="val", test_sets=[evaluations.parse_test_set(f"extra={src},{ref}")],
                 beam_size=1, n_samples=50)
   comparison.compare_runs(runs[:2], tmp_path / "two", **search)
   joined = comparison.compare_runs(runs[2:], tmp_path / "four", earlier=[tmp_path / "two"],
@@ -163,6 +163,16 @@ def test_a_two_field_sweep_is_compared_with_seeds_and_a_test_set(tmp_path):
         rel=1e-9, nan_ok=True)  # Welch's test is symmetric: 2 against 4 is 4 against 2.
   assert "`two:...` are the runs of the earlier comparison two/" in (
       tmp_path / "four" / "comparison.md").read_text()
+  # Welch's test against an earlier run's variant, the paired bootstrap still against the first.
+  against = comparison.compare_runs(runs[2:], tmp_path / "against", earlier=[tmp_path / "two"],
+                                    welch_against="two:num_heads-2_seed-0", **search)
+  assert [r["val_p_value"] for r in against] == [r["val_p_value"] for r in joined]
+  with open(tmp_path / "against" / "seeds.csv", encoding="utf-8") as f:
+    flipped = list(csv.DictReader(f))
+  assert [s["model.num_heads"] for s in flipped] == ["4", "2"]
+  assert [s["val_welch_p"] for s in flipped] == [rejoined[1]["val_welch_p"], ""]
+  assert "against the variant of `two:num_heads-2_seed-0`" in (
+      tmp_path / "against" / "comparison.md").read_text()
   with pytest.raises(UserError, match="num_heads-2_seed-0 and two:num_heads-2_seed-0 are one"):
     comparison.compare_runs(runs[:1], tmp_path / "again", earlier=[tmp_path / "two"], **search)
 
@@ -248,7 +258,7 @@ def test_test_sets_whose_files_share_a_name_get_their_own_scores(run, tmp_path):
   b = pair(tmp_path / "b", sources, translated)  # The run's own output: chrF 100.
   rows = {}
   for name, (src, ref) in (("a", a), ("b", b)):  # The second with the first's cache there.
-    test_set = comparison.parse_test_set(f"{name}={src},{ref}")
+    test_set = evaluations.parse_test_set(f"{name}={src},{ref}")
     rows[name] = comparison.compare_runs([workdir], tmp_path / "out", split="val",
                                       test_sets=[test_set], beam_size=2, n_samples=20)[0]
     fresh, _ = evaluate.run_evaluation(workdir, src_file=src, ref_file=ref, beam_size=2)
@@ -382,7 +392,7 @@ def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
   rows = [{"run": "a|b", "bleu_signature": "sig", "bleu_lc_signature": "lc",
            "test_bleu": 12.345},
           {"run": "c\nd", "bleu_signature": "sig", "test_bleu": None}]
-  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10, (4, 0.6),
+  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], ("a|b", "a|b"), 10, (4, 0.6),
                       {"a|b": {}, "c\nd": {}})
   table = [line for line in (tmp_path / "comparison.md").read_text().splitlines()
            if line.startswith("|")]

@@ -528,7 +528,7 @@ CASES = [
     ("a repeated candidate", lambda r, t, v: evaluate.select_checkpoint(r, ["best", "best"]),
      "--checkpoint=best,best has an empty or repeated entry; list each candidate once, e.g."
      " --checkpoint=best,avg:5,avg:10."),
-    ("a test set of unequal line counts", lambda r, t, v: comparison.parse_test_set(
+    ("a test set of unequal line counts", lambda r, t, v: evaluations.parse_test_set(
         "mine=" + text_file(t, "a.en", b"one\ntwo\n") + "," + text_file(t, "a.de", b"eins\n")),
      "--test_set=mine={tmp}/a.en,{tmp}/a.de: {tmp}/a.en has 2 lines but {tmp}/a.de has 1; pass a"
      " reference line for every source line."),
@@ -632,14 +632,14 @@ CASES = [
         [r], t / "new", test_sets=[evaluations.TestSet("t", "a.en", "a.de"),
                                      evaluations.TestSet("t", "b.en", "b.de")]),
      "--test_set names 't' twice, for different files; give each set its own NAME."),
-    ("--test_set not NAME=SRC,REF", lambda r, t, v: comparison.parse_test_set("test2017"),
+    ("--test_set not NAME=SRC,REF", lambda r, t, v: evaluations.parse_test_set("test2017"),
      "--test_set=test2017 is not NAME=SRC,REF; e.g."
      " --test_set=test2017=data/test_2017.en,data/test_2017.de."),
-    ("--test_set named like a split", lambda r, t, v: comparison.parse_test_set("val=a.en,a.de"),
+    ("--test_set named like a split", lambda r, t, v: evaluations.parse_test_set("val=a.en,a.de"),
      "--test_set=val=a.en,a.de: 'val' is a split of the runs' corpus; give the files another"
      " name."),
     ("--test_set of a missing file",
-     lambda r, t, v: comparison.parse_test_set("t=missing.en,missing.de"),
+     lambda r, t, v: evaluations.parse_test_set("t=missing.en,missing.de"),
      "--test_set=t=missing.en,missing.de: missing.en is not a file; pass an existing text"
      " file."),
     ("compare paths that are not runs", lambda r, t, v: comparison.compare_runs(
@@ -660,6 +660,10 @@ CASES = [
      "{tmp}/copy/metrics.jsonl is missing, though {tmp}/copy holds checkpoints (the run"
      " trained); put metrics.jsonl back from a copy of the run: the comparison reads its steps,"
      " training time and validation curve from it."),
+    ("--welch_against naming no row", lambda r, t, v: comparison.compare_runs(
+        [copy_run(r, t, lambda copy: None)], t / "new", welch_against="nope"),
+     "--welch_against=nope names no compared run; pass a row's name as the table shows it, one"
+     " of: copy."),
     ("compare one run named twice", lambda r, t, v: comparison.compare_runs([r, r], t / "new"),
      "The runs to compare list one run twice ({run} and {run}); name each run once: the table"
      " and its tests count each run once."),

@@ -2,6 +2,7 @@ r"""Compares runs: scores, paired-bootstrap significance, seed statistics and pl
 
   seq2seq-compare runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR] \
       [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...] \
+      [--welch_against=RUN] \
       [--gold_alignment=FILE [--gold_one_based] [--alignment_layer=-2]]
 
 Evaluates each run's best checkpoint on val, --split and every --test_set with
@@ -25,6 +26,9 @@ to the paired bootstrap, the lengths, the curves or the attention, which need th
 workdirs. New runs join a published comparison without it being evaluated again, or after
 its workdirs are gone. It must have been scored on the same sets, with the same
 --beam_size, --alpha and sacreBLEU version (checked where its comparison.md says them).
+Welch's test is against the baseline's variant, or that of --welch_against, a row's name as
+the table shows it: an earlier comparison's baseline (tf_full:attention-scaled_dot_seed-0)
+is the reference of every new variant, while the paired bootstrap stays against --baseline.
 
 Evaluations are cached in <run>/eval/compare/ under everything that decides
 them (the checkpoint steps "best" names now and their weights, --beam_size,
@@ -41,7 +45,8 @@ from pathlib import Path
 from absl import flags
 
 from seq2seq.commands.cli import check_alignment_flags, define_alignment_flags, run_main
-from seq2seq.compare.comparison import compare_runs, parse_test_set
+from seq2seq.compare.comparison import compare_runs
+from seq2seq.compare.evaluations import parse_test_set
 from seq2seq.errors import UserError
 
 POSITIONAL = "RUN_DIR ..."  # The runs to compare.
@@ -56,6 +61,9 @@ _EARLIER = flags.DEFINE_multi_string("earlier", [], "An earlier comparison's --o
                                      " runs join the tables (repeatable).")
 _TEST_SETS = flags.DEFINE_multi_string("test_set", [], "NAME=SRC,REF: score every run on these"
                                        " files too (repeatable).")
+_WELCH = flags.DEFINE_string("welch_against", "", "The run (its name in the table, an --earlier"
+                             " one too) whose variant Welch's test is against (default: the"
+                             " baseline).")
 _ALIGNMENT = define_alignment_flags()
 
 
@@ -72,7 +80,8 @@ def main(argv):
     rows = compare_runs(runs, out, baseline=_BASELINE.value, split=_SPLIT.value,
                         test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
                         n_samples=_SAMPLES.value, earlier=_EARLIER.value,
-                        gold_alignment={k: f.value for k, f in _ALIGNMENT.items()})
+                        gold_alignment={k: f.value for k, f in _ALIGNMENT.items()},
+                        welch_against=_WELCH.value)
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
     written = sorted(p.name for p in Path(out).iterdir()
                      if p.is_file() and p.stat().st_mtime >= start)

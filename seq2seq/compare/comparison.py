@@ -26,7 +26,6 @@ from seq2seq import config as config_lib
 from seq2seq.compare import output, records, report
 from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
 from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
-from seq2seq.data.textio import read_lines
 from seq2seq.decoding import alignment
 from seq2seq.decoding.translator import Translator, check_search
 from seq2seq.errors import UserError
@@ -36,26 +35,6 @@ from seq2seq.runs import workdirs
 log = logging.getLogger("seq2seq")
 
 FIXED_COLUMNS = ["parameters", "steps", "train_minutes", "tokens_per_sec"]
-
-
-def parse_test_set(spec: str) -> TestSet:
-  """"NAME=SRC,REF" (the `--test_set` flag) -> TestSet."""
-  name, sep, files = spec.partition("=")
-  src, comma, ref = files.partition(",")
-  if not (sep and comma and name and src and ref) or "," in ref:
-    raise UserError(f"--test_set={spec} is not NAME=SRC,REF; e.g."
-                    " --test_set=test2017=data/test_2017.en,data/test_2017.de.")
-  if name in ("val", "test", "train"):
-    raise UserError(f"--test_set={spec}: {name!r} is a split of the runs' corpus; give the files"
-                    " another name.")
-  for path in (src, ref):
-    if not Path(path).is_file():
-      raise UserError(f"--test_set={spec}: {path} is not a file; pass an existing text file.")
-  lines = [len(read_lines(path, "--test_set")) for path in (src, ref)]
-  if lines[0] != lines[1]:  # Before anything is decoded or cached.
-    raise UserError(f"--test_set={spec}: {src} has {lines[0]} lines but {ref} has {lines[1]};"
-                    " pass a reference line for every source line.")
-  return TestSet(name, src, ref)
 
 
 def flat_config(config) -> dict[str, object]:
@@ -109,7 +88,7 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
                  split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
                  alpha: float = 0.6, n_samples: int = 1000, earlier: Sequence[str | Path] = (),
                  attention_text: str = "A man in an orange hat starring at something.",
-                 gold_alignment: dict | None = None) -> list:
+                 gold_alignment: dict | None = None, welch_against: str = "") -> list:
   """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
 
   Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
@@ -120,7 +99,9 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
   With `gold_alignment` ({"gold_alignment": FILE, "gold_one_based", "alignment_layer"}, as
   seq2seq-evaluate takes them; FILE aligns `split`'s sentences), each row also has
-  `<split>_aer`, the alignment error rate of its attention on the references.
+  `<split>_aer`, the alignment error rate of its attention on the references. Welch's test
+  takes the variant of the row named `welch_against` (an earlier one too) as its reference:
+  by default the baseline's.
   """
   output.check_out(Path(out_dir))
   runs = _runs(run_dirs, baseline, beam_size, alpha)
@@ -138,6 +119,8 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   earlier_rows = [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
                   for e in before for row in e.rows]
   _each_once([], earlier_rows, fields, named)  # Before anything is decoded.
+  against = _welch_reference(welch_against, [run.name for run in runs] + [
+      row["run"] for row in earlier_rows])
   texts = _texts(runs, sets)
   gold, layer = _gold(gold_alignment, texts[split])  # A wrong file fails before decoding.
   translators = _translators(runs, beam_size, alpha, gold, layer)
@@ -153,10 +136,10 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
       f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
                                                   "p_value")] + (
       [f"{split}_aer"] if gold is not None else [])
-  seeds = seed_aggregate(joined, fields, named, runs[0].name)
+  seeds = seed_aggregate(joined, fields, named, against)
 
   def write(folder: Path) -> None:
-    report.write_tables(folder, joined, columns, seeds, runs[0].name, n_samples,
+    report.write_tables(folder, joined, columns, seeds, (runs[0].name, against), n_samples,
                         (beam_size, alpha), configs, [e.name for e in before])
     report.write_lengths(folder, rows, texts[split], hyps[split],
                          ylabel=f"{split} BLEU (beam {beam_size})")
@@ -266,6 +249,14 @@ def _each_once(rows: list[dict], earlier_rows: list[dict], fields: list[str],
       raise UserError(f"{other} and {row['run']} are one run (the same config and scores);"
                       " pass each run, and each --earlier comparison holding it, once.")
   return rows + earlier_rows
+
+
+def _welch_reference(name: str, names: list[str]) -> str:
+  """The row whose variant Welch's test is against: `name`, or the baseline (the first)."""
+  if name and name not in names:
+    raise UserError(f"--welch_against={name} names no compared run; pass a row's name as the"
+                    f" table shows it, one of: {', '.join(names)}.")
+  return name or names[0]
 
 
 def _repeated(names: Sequence[str]) -> str | None:

@@ -21,6 +21,7 @@ import numpy as np
 from seq2seq.data import tokenizer
 from seq2seq.data.textio import as_lines, read_lines, write_atomically
 from seq2seq.decoding.translator import Translator
+from seq2seq.errors import UserError
 from seq2seq.evaluation.scores import bleu, chrf, evaluate_split, output_files
 from seq2seq.runs import workdirs
 
@@ -34,6 +35,26 @@ class TestSet(NamedTuple):
   name: str
   src_file: str = ""
   ref_file: str = ""
+
+
+def parse_test_set(spec: str) -> TestSet:
+  """"NAME=SRC,REF" (the `--test_set` flag) -> TestSet."""
+  name, sep, files = spec.partition("=")
+  src, comma, ref = files.partition(",")
+  if not (sep and comma and name and src and ref) or "," in ref:
+    raise UserError(f"--test_set={spec} is not NAME=SRC,REF; e.g."
+                    " --test_set=test2017=data/test_2017.en,data/test_2017.de.")
+  if name in ("val", "test", "train"):
+    raise UserError(f"--test_set={spec}: {name!r} is a split of the runs' corpus; give the files"
+                    " another name.")
+  for path in (src, ref):
+    if not Path(path).is_file():
+      raise UserError(f"--test_set={spec}: {path} is not a file; pass an existing text file.")
+  lines = [len(read_lines(path, "--test_set")) for path in (src, ref)]
+  if lines[0] != lines[1]:  # Before anything is decoded or cached.
+    raise UserError(f"--test_set={spec}: {src} has {lines[0]} lines but {ref} has {lines[1]};"
+                    " pass a reference line for every source line.")
+  return TestSet(name, src, ref)
 
 
 def read_test_set(config, test_set: TestSet) -> tuple[list[str], list[str]]:
