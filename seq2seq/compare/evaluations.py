@@ -1,4 +1,5 @@
-"""compare's evaluation of one run on one test set, cached so that a comparison redone is cheap.
+"""compare's evaluation of one run on one test set, cached so that a comparison redone is cheap,
+and its test sets (`--test_set NAME=SRC,REF`: `parse_test_set`).
 
 The evaluations are cached in `<workdir>/eval/compare/`, each under the key of everything
 that decides it (`evaluation_key`): the checkpoint steps "best" names now and a digest of
