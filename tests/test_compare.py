@@ -392,7 +392,7 @@ def test_a_run_named_with_a_bar_keeps_its_table_row_whole(tmp_path):
   rows = [{"run": "a|b", "bleu_signature": "sig", "bleu_lc_signature": "lc",
            "test_bleu": 12.345},
           {"run": "c\nd", "bleu_signature": "sig", "test_bleu": None}]
-  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], ("a|b", "a|b"), 10, (4, 0.6),
+  report.write_tables(tmp_path, rows, ["run", "test_bleu"], [], "a|b", 10, (4, 0.6),
                       {"a|b": {}, "c\nd": {}})
   table = [line for line in (tmp_path / "comparison.md").read_text().splitlines()
            if line.startswith("|")]

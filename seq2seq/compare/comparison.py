@@ -139,8 +139,8 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   seeds = seed_aggregate(joined, fields, named, against)
 
   def write(folder: Path) -> None:
-    report.write_tables(folder, joined, columns, seeds, (runs[0].name, against), n_samples,
-                        (beam_size, alpha), configs, [e.name for e in before])
+    report.write_tables(folder, joined, columns, seeds, runs[0].name, n_samples,
+                        (beam_size, alpha), configs, [e.name for e in before], against)
     report.write_lengths(folder, rows, texts[split], hyps[split],
                          ylabel=f"{split} BLEU (beam {beam_size})")
     report.write_charts(folder, joined, split, beam_size,

@@ -24,13 +24,13 @@ from seq2seq.models.normalizers import NORMALIZERS
 
 
 def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: list[dict],
-                 baselines: tuple[str, str], n_samples: int, search: tuple[int, float],
-                 configs: dict[str, dict], earlier: list[str] = ()) -> None:
+                 baseline: str, n_samples: int, search: tuple[int, float],
+                 configs: dict[str, dict], earlier: list[str] = (),
+                 welch_against: str = "") -> None:
   """comparison.csv, comparison.md, runs.json (`configs`: each row's flat config, for a later
-  comparison to join this one) and, with `seeds`, seeds.csv. `baselines`: the rows the paired
-  bootstrap and Welch's test are against; `search`: the evaluations' (beam size, alpha);
-  `earlier`: the earlier comparisons whose rows `rows` include."""
-  baseline, against = baselines
+  comparison to join this one) and, with `seeds`, seeds.csv. `search`: the evaluations'
+  (beam size, alpha); `earlier`: the earlier comparisons whose rows `rows` include;
+  `welch_against`: the row whose variant Welch's test is against (default: `baseline`)."""
   _write_csv(out_dir / "comparison.csv", rows, columns)
   (out_dir / RUNS).write_text(json.dumps({r["run"]: configs[r["run"]] for r in rows}, indent=1,
                                          sort_keys=True) + "\n", encoding="utf-8")
@@ -46,7 +46,8 @@ def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: lis
     _write_csv(out_dir / "seeds.csv", seeds, seed_columns)
     lines += ["", "Across seeds: mean and sample standard deviation of per-seed BLEU, and the"
               " two-sided p-value of Welch's t-test (unequal variances) of the per-seed BLEU"
-              f" against the variant of `{against}`, which accounts for seed variance.", "",
+              f" against the variant of `{welch_against or baseline}`, which accounts for seed"
+              " variance.", "",
               *_markdown(seeds, seed_columns)]
   (out_dir / "comparison.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
