@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The background queue of training runs that the open issues wait on, in the order the issues
+# ask for (docs/experiments.md, "The attention of today", lists the same), two at a time: on the
+# 2-core CPU two runs at once train 1.07-1.21x the tokens a second of one run on both cores
+# (docs/performance.md, "One program, one by one, or in parallel"). Each line trains one run;
+# a finished run is skipped and an unfinished one resumes from its last checkpoint, so after a
+# stop the same command continues where the queue stopped:
+#
+#   nohup setsid scripts/background_queue.sh > runs/queue.log 2>&1 &
+#
+# (each run's output in runs/queue_logs/)
+#
+# A SIGTERM to its process group (kill -- -PGID) pauses it, each run saving a checkpoint first.
+set -u
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+TF="seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False --root=runs/tf_new"
+RNN="seq2seq-sweep --config=configs/multi30k_rnn.py --root=runs/rnn_new"
+LOCAL="$RNN --config.model.attention_window=10 --sweep=model.attention"
+JOEY=".anchors/joeynmt/bin/python"
+
+runs() {
+  local seed
+  # Issue 54: each new variant at two seeds (relative, num_kv_heads=1 and local_p are in docs/).
+  for seed in 0 1; do echo "$TF --sweep=model.attention_normalizer=entmax15 --sweep=train.seed=$seed"; done
+  # Issue 57: the RNN recipe at four length buckets, whose BLEU must stay within its seed noise.
+  for seed in 0 1; do
+    echo "seq2seq-sweep --config=configs/multi30k_rnn.py --config.data.num_buckets=4" \
+      "--config.data.tokens_per_batch=4176 --root=runs/rnn_buckets --sweep=train.seed=$seed"
+  done
+  for variant in "$TF --sweep=model.positions=rope" "$TF --sweep=model.positions=alibi" \
+      "$LOCAL=local_m" "$RNN --sweep=model.attention_normalizer=entmax15" \
+      "$TF --sweep=model.positions=learned" "$TF --sweep=model.num_kv_heads=2" \
+      "$TF --sweep=model.attention_normalizer=sparsemax"; do
+    for seed in 0 1; do echo "$variant --sweep=train.seed=$seed"; done
+  done
+  # Issue 56: the published recipe's three seeds on the CPU, then subword regularization on
+  # the default recipe, two seeds with and without (both at the current code).
+  for seed in 0 1 2; do
+    echo "seq2seq-sweep --config=configs/multi30k_transformer_wu2021.py --root=runs/wu2021_cpu" \
+      "--sweep=train.seed=$seed"
+  done
+  for seed in 0 1; do
+    for alpha in 0.1 0.0; do
+      echo "seq2seq-sweep --config=configs/multi30k_transformer.py --root=runs/subwords" \
+        "--sweep=train.seed=$seed --sweep=data.subword_sampling=$alpha"
+    done
+  done
+  # Issue 57: JoeyNMT at each recipe's full budget (docs/performance.md, "Against JoeyNMT").
+  for recipe in transformer rnn; do
+    echo "( [ -x $JOEY ] || (python3 -m venv .anchors/joeynmt && .anchors/joeynmt/bin/pip install" \
+      "-q torch joeynmt==2.3.0 importlib_metadata sentencepiece==0.2.1) ) && seq2seq-side-by-side" \
+      "--anchor=joeynmt --full_budget --config=configs/multi30k_$recipe.py" \
+      "--joeynmt_python=$JOEY --workdir=runs/joeynmt/$recipe"
+  done
+  # Issue 54: the third seed of every new variant.
+  for variant in "$TF --sweep=model.positions=relative" "$TF --sweep=model.num_kv_heads=1" \
+      "$LOCAL=local_p" "$TF --sweep=model.attention_normalizer=entmax15" \
+      "$TF --sweep=model.positions=rope" "$TF --sweep=model.positions=alibi" "$LOCAL=local_m" \
+      "$RNN --sweep=model.attention_normalizer=entmax15" "$TF --sweep=model.positions=learned" \
+      "$TF --sweep=model.num_kv_heads=2" "$TF --sweep=model.attention_normalizer=sparsemax"; do
+    echo "$variant --sweep=train.seed=2"
+  done
+}
+
+if [ "${1:-}" = --list ]; then runs; exit 0; fi
+# Each run's output goes to runs/queue_logs/, named by its root and swept values.
+mkdir -p runs/queue_logs
+runs | xargs -P 2 -d '\n' -I{} bash -c 'name=$(grep -o -- "--\(root\|workdir\|sweep\)=[^ ]*" <<< "$1" \
+  | sed "s/^--[a-z]*=//" | paste -sd_ | tr -c "A-Za-z0-9._\n-" _); eval "$1" > "runs/queue_logs/$name.log" 2>&1' _ {}
