@@ -23,6 +23,10 @@ runs() {
   local seed
   # Issue 54: each new variant at two seeds (relative, num_kv_heads=1 and local_p are in docs/).
   for seed in 0 1; do echo "$TF --sweep=model.attention_normalizer=entmax15 --sweep=train.seed=$seed"; done
+  # The softmax baseline's seed 0 again (docs/tf_full/'s workdirs are gone): the explorer's
+  # other run for the sparse normalizers' pictures, and a check that it trains to what it did.
+  echo "seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False" \
+    "--root=runs/tf_full --sweep=model.attention=scaled_dot --sweep=train.seed=0"
   # Issue 57: the RNN recipe at four length buckets, whose BLEU must stay within its seed noise.
   for seed in 0 1; do
     echo "seq2seq-sweep --config=configs/multi30k_rnn.py --config.data.num_buckets=4" \
