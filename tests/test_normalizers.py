@@ -10,6 +10,7 @@ import pytest
 from seq2seq.models import attention
 from seq2seq.models.normalizers import (
   NORMALIZERS,
+  descending,
   entmax15,
   entmax_bisect,
   masked_softmax,
@@ -79,6 +80,43 @@ def test_entmax15_known_answers():
                              [(0.1 - tau) ** 2, tau**2, tau**2], rtol=1e-6)
   # One-hot, [3, 0.5, 0]: x = [1.5, 0.25, 0]; support {1} gives tau = 1.5 - 1 = 0.5 > 0.25.
   np.testing.assert_array_equal(entmax15(jnp.array([3.0, 0.5, 0.0])), [1.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 24, 37, 64, 150])
+def test_the_sorting_network_gives_the_sorts_values_bit_for_bit(n):
+  """Sparsemax's and entmax's sort: ties (scores floored to one value), -inf (the padding it
+  adds), values of every magnitude, at lengths that are and are not powers of two."""
+  rng = np.random.default_rng(n)
+  x = rng.normal(size=(5, 3, n)) * 10.0 ** rng.integers(-3, 4, size=(5, 3, 1))
+  x[0] = np.round(x[0])  # Many ties.
+  x[1, :, ::3] = -np.inf
+  x[2] = np.maximum(x[2], -3.0)  # The normalizers' floor.
+  x = jnp.asarray(x, jnp.float32)
+  expected = np.asarray(-jnp.sort(-x, axis=-1))
+  got = np.asarray(jax.jit(descending)(x))
+  assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+
+@pytest.mark.parametrize("normalizer", [sparsemax, entmax15], ids=["sparsemax", "entmax15"])
+def test_the_weights_and_gradients_are_those_of_the_sort_bit_for_bit(normalizer, monkeypatch):
+  """The network changes no weight and no gradient: with XLA's sort in its place (the
+  forward as it was), the same scores, masks and cotangents give the same bits."""
+  from seq2seq.models import normalizers
+  rng = np.random.default_rng(7)
+  scores = jnp.asarray(rng.normal(size=(4, 2, 5, 37)) * 3, jnp.float32)
+  mask = jnp.asarray(rng.random((4, 1, 1, 37)) > 0.2)
+  cotangent = jnp.asarray(rng.normal(size=scores.shape), jnp.float32)
+
+  def weights_and_gradient():
+    weights, pullback = jax.vjp(lambda z: normalizer(z, mask), scores)
+    return (weights, *pullback(cotangent))
+
+  got = jax.jit(lambda: weights_and_gradient())()  # A new function each time: traced anew.
+  monkeypatch.setattr(normalizers, "descending", lambda x: -jnp.sort(-x, axis=-1))
+  expected = jax.jit(lambda: weights_and_gradient())()
+  assert all(np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(got, expected, strict=True))
 
 
 @pytest.mark.parametrize("name", BY_ALPHA)

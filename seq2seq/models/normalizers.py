@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 # Sparsemax gives exactly zero weight to every score 1 or more below its row's largest, and
@@ -56,8 +57,37 @@ def _sum_over_keys(x):
   return jnp.sum(x, axis=-1, keepdims=True)
 
 
-def _descending(x):
-  return -jnp.sort(-x, axis=-1)
+def descending(x: jnp.ndarray) -> jnp.ndarray:
+  """`x` sorted over its last axis, largest first: the values of `-jnp.sort(-x, axis=-1)`, by
+  a bitonic sorting network (Batcher, 1968).
+
+  The network is log2(n) (log2(n) + 1) / 2 rounds of elementwise max and min between fixed
+  pairs of positions (n padded to a power of two with -inf, which sorts last), which XLA fuses
+  and vectorizes; XLA:CPU's sort calls a comparator per pair, and took 8.5x the time at
+  attention's `[64, 4, 64, 64]` (docs/performance.md, "Sparse normalizers' sort"). Max and min
+  are exact, so the values are the sort's, bit for bit.
+  """
+  n = x.shape[-1]
+  size = 1 << (n - 1).bit_length() if n > 1 else 1
+  lead = x.shape[:-1]
+  if size != n:
+    x = jnp.concatenate([x, jnp.full(lead + (size - n,), -jnp.inf, x.dtype)], axis=-1)
+  merge = 2
+  while merge <= size:  # Sorted runs of merge / 2 become runs of `merge`, ...
+    stride = merge // 2
+    while stride >= 1:  # ... by comparing positions i and i + stride within blocks of 2 stride.
+      blocks = size // (2 * stride)
+      pairs = x.reshape(lead + (blocks, 2, stride))
+      first, second = pairs[..., 0, :], pairs[..., 1, :]
+      # A block whose run goes down (the `merge` bit of its first position clear) keeps the
+      # larger value first; the others the smaller, so that the next merge sees bitonic runs.
+      down = jnp.asarray((np.arange(blocks) * 2 * stride) & merge == 0)[:, None]
+      larger, smaller = jnp.maximum(first, second), jnp.minimum(first, second)
+      x = jnp.stack([jnp.where(down, larger, smaller), jnp.where(down, smaller, larger)],
+                    axis=-2).reshape(lead + (size,))
+      stride //= 2
+    merge *= 2
+  return x[..., :n]
 
 
 def _jacobian_transpose_times(s, g):
@@ -85,7 +115,7 @@ def _sparsemax_weights(scores, mask):
   take the support size `k(z) = max{k : 1 + k z_(k) > c_k}` and `tau = (c_k(z) - 1) / k(z)`."""
   z, valid = _shifted(scores, mask)
   z = jnp.maximum(z, _FLOOR)
-  z_sorted = _descending(z)
+  z_sorted = descending(z)
   rank = jnp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
   prefix = jnp.cumsum(z_sorted, axis=-1)
   support = jnp.sum(1 + rank * z_sorted > prefix, axis=-1, keepdims=True)  # >= 1
@@ -113,7 +143,7 @@ def _entmax15_weights(scores, mask):
   `tau_k <= x_(k)`."""
   z, valid = _shifted(scores, mask)
   x = jnp.maximum(z, _FLOOR) / 2
-  x_sorted = _descending(x)
+  x_sorted = descending(x)
   rank = jnp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
   mean = jnp.cumsum(x_sorted, axis=-1) / rank
   squared_deviations = jnp.cumsum(x_sorted**2, axis=-1) - rank * mean**2
