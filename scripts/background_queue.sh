@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The background queue of training runs that the open issues wait on, in the order the issues
 # ask for (docs/experiments.md, "The attention of today", lists the same), two at a time: on the
-# 2-core CPU two runs at once train 1.07-1.21x the tokens a second of one run on both cores, and
-# about 1.5x with entmax15 (docs/performance.md, "One program, one by one, or in parallel").
+# 2-core CPU two runs at once train 1.0-1.2x the tokens a second of one run on both cores, more
+# where a step leaves a core idle (docs/performance.md, "One program, one by one, or in parallel").
 # Each line trains one run;
 # a finished run is skipped and an unfinished one resumes from its last checkpoint, so after a
 # stop the same command continues where the queue stopped:
