@@ -22,8 +22,9 @@ JOEY=".anchors/joeynmt/bin/python"
 
 runs() {
   local seed
-  # Issue 54: each new variant at two seeds (relative, num_kv_heads=1 and local_p are in docs/).
-  for seed in 0 1; do echo "$TF --sweep=model.attention_normalizer=entmax15 --sweep=train.seed=$seed"; done
+  # Issue 54: each new variant at two seeds (relative, num_kv_heads=1, local_p and entmax15 are
+  # in docs/). entmax15's seed 0 stays: the explorer's run for the sparse normalizers' pictures.
+  echo "$TF --sweep=model.attention_normalizer=entmax15 --sweep=train.seed=0"
   # The softmax baseline's seed 0 again (docs/tf_full/'s workdirs are gone): the explorer's
   # other run for the sparse normalizers' pictures, and a check that it trains to what it did.
   echo "seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False" \
