@@ -3,9 +3,8 @@
 # ask for (docs/experiments.md, "The attention of today", lists the same), two at a time: on the
 # 2-core CPU two runs at once train 1.0-1.2x the tokens a second of one run on both cores, more
 # where a step leaves a core idle (docs/performance.md, "One program, one by one, or in parallel").
-# Each line trains one run;
-# a finished run is skipped and an unfinished one resumes from its last checkpoint, so after a
-# stop the same command continues where the queue stopped:
+# Each line trains one run; a finished run is skipped and an unfinished one resumes from its last
+# checkpoint, so after a stop the same command continues where the queue stopped:
 #
 #   nohup setsid scripts/background_queue.sh > runs/queue.log 2>&1 &
 #

@@ -97,7 +97,6 @@ def test_the_sorting_network_gives_the_sorts_values_bit_for_bit(n):
   assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
-
 @pytest.mark.parametrize("normalizer", [sparsemax, entmax15], ids=["sparsemax", "entmax15"])
 def test_the_weights_and_gradients_are_those_of_the_sort_bit_for_bit(normalizer, monkeypatch):
   """The network changes no weight and no gradient: with XLA's sort in its place (the

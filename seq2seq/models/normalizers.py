@@ -63,7 +63,7 @@ def descending(x: jnp.ndarray) -> jnp.ndarray:
 
   The network is log2(n) (log2(n) + 1) / 2 rounds of elementwise max and min between fixed
   pairs of positions (n padded to a power of two with -inf, which sorts last), which XLA fuses
-  and vectorizes; XLA:CPU's sort calls a comparator per pair, and took 8.5x the time at
+  and vectorizes; XLA:CPU's sort calls a comparator per pair, and took 7.3x the time at
   attention's `[64, 4, 64, 64]` (docs/performance.md, "Sparse normalizers' sort"). Max and min
   are exact, so the values are the sort's, bit for bit.
   """
