@@ -34,7 +34,7 @@ from seq2seq.performance.serving import clients_per_thread  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
 from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
 from seq2seq.serve.engine import Engine, Limits  # noqa: E402
-from seq2seq.serve.runs import ServedRun, compile_runs  # noqa: E402
+from seq2seq.serve.runs import ServedRun, attention_described, compile_runs  # noqa: E402
 from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
 
 SENTENCES = [source for source, _ in VAL]
@@ -128,7 +128,25 @@ def test_runs_are_named_by_their_folders_and_described(client, names):
   assert (first["family"], first["checkpoint"], first["beams"]) == ("transformer", "latest",
                                                                     [1, 3])
   assert answer["runs"][1]["beams"] == [1] and first["max_subwords"] == MAX_SUBWORDS
+  assert first["attention_described"] == "scaled_dot attention"  # The defaults: no more.
   assert answer["limits"] == {"max_lines": 50, "max_chars": 200}
+
+
+def test_a_runs_attention_is_named_with_each_setting_that_is_not_the_default():
+  """The explorer's name for a run's attention (its run menus and panels): two runs that
+  differ in normalizer, positions or shared key/value heads read apart; the Transformer's
+  positions and key/value heads are not named for the RNN, which has neither."""
+  m = config_lib.base_config().model
+  assert attention_described(m) == "scaled_dot attention"
+  m.attention_normalizer, m.positions, m.num_kv_heads = "entmax15", "rope", 1
+  assert attention_described(m) == ("scaled_dot attention, entmax15 normalizer, rope positions,"
+                                    " 1 key/value head")
+  m.attention_normalizer, m.num_kv_heads = "softmax", 2
+  assert attention_described(m) == "scaled_dot attention, rope positions, 2 key/value heads"
+  m.num_kv_heads = m.num_heads  # One per query head, as 0 says.
+  assert attention_described(m) == "scaled_dot attention, rope positions"
+  m.family, m.attention, m.attention_normalizer = "rnn", "general", "sparsemax"
+  assert attention_described(m) == "general attention, sparsemax normalizer"
 
 
 def test_translations_are_the_translators_one_per_line_in_order_with_no_compile(client, runs,

@@ -325,8 +325,9 @@ def create_app(engine: Engine) -> FastAPI:
 
   @app.get("/runs")
   def runs() -> dict:
-    """The runs served: name, family, attention, checkpoint, beams, length-penalty alpha,
-    longest sentence."""
+    """The runs served: name, family, attention (and in words with its settings that are not
+    the defaults: normalizer, positions, key/value heads), checkpoint, beams, length-penalty
+    alpha, longest sentence."""
     return {"runs": [run.info() for run in engine.runs.values()],
             "limits": {"max_lines": engine.limits.max_lines,
                        "max_chars": engine.limits.max_chars}}

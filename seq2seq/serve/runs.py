@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from seq2seq import config as config_lib
 from seq2seq.data import tokenizer
 from seq2seq.decoding.alignment import Alignments
 from seq2seq.decoding.translator import Translator, check_is_run
@@ -56,10 +57,28 @@ class ServedRun:
     """What the page and `GET /runs` show of the run."""
     m, t = self.config.model, next(iter(self.searches.values()))
     return {"name": self.name, "family": m.family, "attention": m.attention,
+            "attention_described": attention_described(m),
             "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
             "alpha": self.alpha,
             "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
             "max_subwords": self.longest - 1, "vocabulary": self.vocabulary}
+
+
+def attention_described(model) -> str:
+  """A run's attention in words, as the explorer names it beside the family: the variant, then
+  each attention setting that is not config.py's default (the normalizer; the Transformer's
+  positions and shared key/value heads), so that two runs that differ there read apart:
+  "scaled_dot attention, entmax15 normalizer"."""
+  default = config_lib.base_config().model
+  parts = [f"{model.attention} attention"]
+  if model.attention_normalizer != default.attention_normalizer:
+    parts.append(f"{model.attention_normalizer} normalizer")
+  if model.family == "transformer":
+    if model.positions != default.positions:
+      parts.append(f"{model.positions} positions")
+    if model.num_kv_heads not in (default.num_kv_heads, model.num_heads):
+      parts.append(f"{model.num_kv_heads} key/value head" + "s" * (model.num_kv_heads > 1))
+  return ", ".join(parts)
 
 
 def compile_runs(runs: Sequence[ServedRun]) -> None:

@@ -116,7 +116,7 @@ async function loadRuns() {
   b.append(option("", "(none)"));
   for (const run of answer.runs) {
     runs[run.name] = run;
-    const text = `${run.name}: ${run.family}, ${run.attention}`;
+    const text = `${run.name}: ${run.family}, ${run.attention_described}`;
     a.append(option(run.name, text));
     b.append(option(run.name, text));
   }
@@ -357,7 +357,7 @@ function renderPanel(id, panel, letter) {
   section.append(el("h2", {}, state.panels.length > 1 ? `${letter}: ${info.name}`
                                                          : info.name));
   section.append(el("p", {class: "about"},
-    `${info.family}, ${info.attention} attention; checkpoint ${info.checkpoint} (steps ` +
+    `${info.family}, ${info.attention_described}; checkpoint ${info.checkpoint} (steps ` +
     `${info.steps.join(", ")}); ` + (state.request.compare ? "forced to the target" :
                                        `beam ${answer.beam}`)));
   const translation = answer.translations[i];
