@@ -134,8 +134,7 @@ def test_runs_are_named_by_their_folders_and_described(client, names):
 
 def test_a_runs_attention_is_named_with_each_setting_that_is_not_the_default():
   """The explorer's name for a run's attention (its run menus and panels): two runs that
-  differ in normalizer, positions or shared key/value heads read apart; the Transformer's
-  positions and key/value heads are not named for the RNN, which has neither."""
+  differ in normalizer, positions or shared key/value heads read apart."""
   m = config_lib.base_config().model
   assert attention_described(m) == "scaled_dot attention"
   m.attention_normalizer, m.positions, m.num_kv_heads = "entmax15", "rope", 1
@@ -146,6 +145,7 @@ def test_a_runs_attention_is_named_with_each_setting_that_is_not_the_default():
   m.num_kv_heads = m.num_heads  # One per query head, as 0 says.
   assert attention_described(m) == "scaled_dot attention, rope positions"
   m.family, m.attention, m.attention_normalizer = "rnn", "general", "sparsemax"
+  m.positions, m.num_kv_heads = "sinusoidal", 0  # As models.check_config holds the RNN.
   assert attention_described(m) == "general attention, sparsemax normalizer"
 
 

@@ -66,18 +66,18 @@ class ServedRun:
 
 def attention_described(model) -> str:
   """A run's attention in words, as the explorer names it beside the family: the variant, then
-  each attention setting that is not config.py's default (the normalizer; the Transformer's
-  positions and shared key/value heads), so that two runs that differ there read apart:
+  each attention setting that is not config.py's default (the normalizer, the positions, shared
+  key/value heads: a family that takes none of the last two has them at their defaults, which
+  models.check_config holds it to), so that two runs that differ there read apart:
   "scaled_dot attention, entmax15 normalizer"."""
   default = config_lib.base_config().model
   parts = [f"{model.attention} attention"]
   if model.attention_normalizer != default.attention_normalizer:
     parts.append(f"{model.attention_normalizer} normalizer")
-  if model.family == "transformer":
-    if model.positions != default.positions:
-      parts.append(f"{model.positions} positions")
-    if model.num_kv_heads not in (default.num_kv_heads, model.num_heads):
-      parts.append(f"{model.num_kv_heads} key/value head" + "s" * (model.num_kv_heads > 1))
+  if model.positions != default.positions:
+    parts.append(f"{model.positions} positions")
+  if model.num_kv_heads not in (default.num_kv_heads, model.num_heads):
+    parts.append(f"{model.num_kv_heads} key/value head" + "s" * (model.num_kv_heads > 1))
   return ", ".join(parts)
 
 
