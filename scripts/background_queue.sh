@@ -10,7 +10,9 @@
 #
 # (each run's output in runs/queue_logs/)
 #
-# A SIGTERM to its process group (kill -- -PGID) pauses it, each run saving a checkpoint first.
+# A SIGTERM to its process group pauses it, each run saving a checkpoint first; the group's id
+# is in runs/queue.pgid (so: kill -TERM -- -$(cat runs/queue.pgid); -STOP and -CONT hold it
+# while a measurement needs a quiet machine).
 set -u
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -71,5 +73,6 @@ runs() {
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 # Each run's output goes to runs/queue_logs/, named by its root and swept values.
 mkdir -p runs/queue_logs
+ps -o pgid= $$ | tr -d ' ' > runs/queue.pgid
 runs | xargs -P 2 -d '\n' -I{} bash -c 'name=$(grep -o -- "--\(root\|workdir\|sweep\)=[^ ]*" <<< "$1" \
   | sed "s/^--[a-z]*=//" | paste -sd_ | tr -c "A-Za-z0-9._\n-" _); eval "$1" > "runs/queue_logs/$name.log" 2>&1' _ {}
