@@ -24,12 +24,8 @@ JOEY=".anchors/joeynmt/bin/python"
 runs() {
   local seed
   # Issue 54: each new variant at two seeds (relative, num_kv_heads=1, local_p and entmax15 are
-  # in docs/). entmax15's seed 0 stays: the explorer's run for the sparse normalizers' pictures.
-  echo "$TF --sweep=model.attention_normalizer=entmax15 --sweep=train.seed=0"
-  # The softmax baseline's seed 0 again (docs/tf_full/'s workdirs are gone): the explorer's
-  # other run for the sparse normalizers' pictures, and a check that it trains to what it did.
-  echo "seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False" \
-    "--root=runs/tf_full --sweep=model.attention=scaled_dot --sweep=train.seed=0"
+  # in docs/, and so are the softmax and entmax15 seed-0 runs behind the explorer's pictures of
+  # the sparse normalizers, docs/tf_entmax/retrained/).
   for variant in "$TF --sweep=model.positions=rope" "$TF --sweep=model.positions=alibi" \
       "$LOCAL=local_m" "$RNN --sweep=model.attention_normalizer=entmax15" \
       "$TF --sweep=model.positions=learned" "$TF --sweep=model.num_kv_heads=2" \
