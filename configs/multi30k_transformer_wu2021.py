@@ -17,9 +17,9 @@ score 41.09 BLEU (41.54 lowercase) on test_2016_flickr, avg:10 chosen on validat
 (41.25); with unpacked batches of 8,192 padded tokens, on one H100, 40.35 (40.73
 lowercase). At e91b69c, seeds 0-2 on one H200 (seq2seq-sweep --sweep=train.seed=0,1,2
 --one_by_one --parallel=3: 9.4 minutes for the three) scored 41.51, 41.62 and 40.51
-lowercase, and their ensemble 42.56 lowercase on validation (docs/recipe.md). On the 2-core development CPU of
-configs/multi30k_transformer.py a step takes about 1.1 s, so 8,000 of them take hours
-there.
+lowercase, and their ensemble 42.56 lowercase on validation (docs/recipe.md). On the
+2-core development CPU of configs/multi30k_transformer.py a step takes about 1.1 s, so
+8,000 of them take hours there.
 """
 
 from seq2seq.config import base_config
