@@ -23,14 +23,6 @@ JOEY=".anchors/joeynmt/bin/python"
 
 runs() {
   local seed
-  # Issue 54: each new variant at two seeds (relative, rope, alibi, learned, num_kv_heads=1
-  # and 2, local_p, local_m and entmax15 on both families are in docs/, and so are the softmax
-  # and entmax15 seed-0 runs behind the explorer's pictures of the sparse normalizers,
-  # docs/tf_entmax/retrained/). The order packs each pair into one 3-hour session (an RNN pair
-  # takes 70-90 minutes, a Transformer pair 55-65), since runs/ has not always outlived a session.
-  for seed in 0 1; do
-    echo "$TF --sweep=model.attention_normalizer=sparsemax --sweep=train.seed=$seed"
-  done
   # Issue 57: the RNN recipe at four length buckets, whose BLEU must stay within its seed noise.
   for seed in 0 1; do
     echo "seq2seq-sweep --config=configs/multi30k_rnn.py --config.data.num_buckets=4" \
@@ -55,7 +47,7 @@ runs() {
       "--anchor=joeynmt --full_budget --config=configs/multi30k_$recipe.py" \
       "--joeynmt_python=$JOEY --workdir=runs/joeynmt/$recipe"
   done
-  # Issue 54: the third seed of every new variant.
+  # Issue 54: the third seed of every new variant (the first two of each are in docs/).
   for variant in "$TF --sweep=model.positions=relative" "$TF --sweep=model.num_kv_heads=1" \
       "$LOCAL=local_p" "$TF --sweep=model.attention_normalizer=entmax15" \
       "$TF --sweep=model.positions=rope" "$TF --sweep=model.positions=alibi" "$LOCAL=local_m" \
