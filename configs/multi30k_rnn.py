@@ -8,14 +8,15 @@ dot, scaled_dot, location or none (Sutskever). 3,400 steps of ~3,180 real target
 (about 22 epochs) with a linear decay to zero and a checkpoint every 100 steps,
 so that `--checkpoint=avg:N` has the last ones to average.
 
-Expected result (README's results table, docs/recipe.md), measured on the 2-core
-development CPU, where `seq2seq-benchmark --mode=train --layers=4 --dim=128 --heads=4
---mlp=256 --batch=128 --length=32` takes 0.59 s a step: 39 min 35 s of training;
-validation BLEU 36.80 greedy at step 3,400, 37.72 with beam 4 (`avg:3`, chosen on
-validation), and 38.21 (38.65 lowercase) on test_2016_flickr. A CPU half as fast
-(1.11 s for that benchmark) takes about twice as long; there
-`--config.train.num_steps=1700 --config.eval.every_steps=425` fits the hour (20 min
-39 s on the faster CPU; 33.73 validation BLEU with beam 4).
+Expected result (README's results table, docs/recipe.md, "The RNN recipe at four length
+buckets"), measured on the 2-core AVX-512 development CPU, two runs at a time, started at
+4250d5d: 52 minutes of train steps (3,520 real target tokens a second); greedy validation
+BLEU 36.87 at step 3,400, 38.16 with beam 4 (`best`, chosen on validation among
+`best,avg:3,avg:5`), and 37.69 (38.07 lowercase) on test_2016_flickr; its seed 1 scores
+38.77, and the two seeds as one model 38.97 (39.36 lowercase). A CPU half as fast takes
+about twice as long; there `--config.train.num_steps=1700 --config.eval.every_steps=425`
+fits the hour (33.73 validation BLEU with beam 4 in an earlier batching, docs/recipe.md
+R2).
 """
 
 from seq2seq.config import base_config
@@ -34,9 +35,11 @@ def get_config():
   c.model.input_feeding = True
   c.model.dropout_rate = 0.3
   c.data.vocab_size = 5000
-  # Two padded lengths (config.data.num_buckets), two train programs to compile: 5,504 padded
-  # tokens hold the ~3,180 real target tokens a step that 4,096 hold in 8 length buckets.
-  c.data.tokens_per_batch = 5504
+  # Four padded lengths (config.data.num_buckets), four train programs to compile: 4,176 padded
+  # tokens a step pay for fewer padded positions than two lengths at 5,504 did, for 1.46x the real
+  # target tokens a second (docs/performance.md, "Fewer padded positions: four length buckets").
+  c.data.num_buckets = 4
+  c.data.tokens_per_batch = 4176
   c.train.num_steps = 3400
   c.train.warmup_steps = 300
   c.train.learning_rate = 2e-3
