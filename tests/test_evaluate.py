@@ -218,6 +218,39 @@ def test_best_checkpoint_is_known_after_a_restart(tmp_path):
   reopened.close()
 
 
+def _save_all(workdir, saves, keep=3) -> list[int]:
+  """Saves `saves` [(step, BLEU or None, how)] in one process: how is "wait", "background" or
+  "stop" (on a signal); returns the steps kept once all are on disk."""
+  import jax.numpy as jnp
+  checkpoints = Checkpoints(workdir, keep=keep)
+  for step, bleu, how in saves:
+    checkpoints.save(step, {"x": jnp.full(2, float(step))},
+                     metrics=None if bleu is None else {"bleu": bleu, "loss": 1.0},
+                     wait=how != "background", on_stop=how == "stop")
+  kept = checkpoints.all_steps()
+  checkpoints.close()
+  return kept
+
+
+def test_a_checkpoint_saved_on_a_signal_leaves_the_uninterrupted_runs_checkpoints(tmp_path):
+  """A run paused twice (a checkpoint saved on each signal, off the schedule) and resumed in
+  new processes keeps the steps that the uninterrupted run keeps, so avg:N averages the same
+  ones: each signal's checkpoint is kept while it is the newest, and goes once a later save is
+  on disk. Counted among the latest `keep`, as before, they would have pushed out 8 (the
+  kept set [4, 9, 10, 12])."""
+  schedule = [(2, None, "background"), (4, 9.0, "wait"), (6, None, "background"),
+              (8, 1.0, "wait"), (10, None, "background"), (12, 2.0, "wait")]
+  whole = _save_all(tmp_path / "whole", schedule)
+  assert whole == [4, 8, 10, 12]  # The latest 3 and the best.
+  paused = tmp_path / "paused"
+  assert _save_all(paused, schedule[:4] + [(9, None, "stop")]) == [4, 6, 8, 9]
+  assert _save_all(paused, [(10, None, "background"), (11, None, "stop")]) == [4, 6, 8, 10, 11]
+  assert _save_all(paused, schedule[5:]) == whole
+  reopened = Checkpoints(paused, keep=3)
+  assert reopened.resolve("avg:3") == [8, 10, 12] and reopened.resolve("best") == [4]
+  reopened.close()
+
+
 def test_a_vocabulary_trained_again_from_the_same_text_is_the_runs(run, tmp_path):
   """A sibling run's vocabulary (same text, size and seed: other bytes, since SentencePiece
   writes its own file name into the model) passes the fingerprint check."""

@@ -20,6 +20,7 @@ from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.runs import match
+from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.training import loop, parents, seeds
 from seq2seq.training.trainer import Trainer
 from tests.helpers import read_metrics, rescore_one_piece, shared_run_config, small_run, snapshot
@@ -106,11 +107,15 @@ def test_a_child_stopped_by_sigterm_resumes_to_the_uninterrupted_child(run, tmp_
   parent = tmp_path / "parent"
   shutil.copytree(run, parent)
   c = _child(parent, num_steps=4)
+  c.checkpoint.keep = 3  # Room for the signal's step 1 beside 2 and 4, were it kept.
   monkeypatch.setattr(Trainer, "to_device", sigterm_once)
   stopped = loop.train_and_evaluate(c, tmp_path / "split")
   assert stopped["interrupted"] == "SIGTERM"
   parent.rename(tmp_path / "moved")  # A resumed child never reads its parent again.
   assert loop.train_and_evaluate(c, tmp_path / "split")["step"] == 4
+  # The signal's step 1 went once step 2 was saved: the uninterrupted child's checkpoints.
+  assert Checkpoints(tmp_path / "split", keep=10).all_steps() == Checkpoints(
+      tmp_path / "whole", keep=10).all_steps()
   whole, split = _saved(tmp_path / "whole", 4), _saved(tmp_path / "split", 4)
   assert whole.keys() == split.keys()
   for name, value in whole.items():

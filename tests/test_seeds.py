@@ -127,13 +127,18 @@ def test_an_interrupted_seed_group_saves_every_member_and_resumes_exactly(group,
 
   monkeypatch.setattr(Trainer, "to_device", sigterm_once)
   workdirs = {seed: tmp_path / f"seed-{seed}" for seed in SEEDS}
-  stopped = seeds.train_seeds(shared_run_config(), workdirs)
+  config = shared_run_config()
+  config.checkpoint.keep = 3  # Room for the signal's step 1 beside 2 and 4, were it kept.
+  stopped = seeds.train_seeds(config, workdirs)
   assert [r["interrupted"] for r in stopped.values()] == ["SIGTERM", "SIGTERM"]
   step = stopped[0]["step"]
   assert [Checkpoints(w, keep=2).all_steps() for w in workdirs.values()] == [[step], [step]]
-  resumed = seeds.train_seeds(shared_run_config(), workdirs)
+  resumed = seeds.train_seeds(config, workdirs)
   assert [r["step"] for r in resumed.values()] == [4, 4]
   for seed, workdir in workdirs.items():
+    # The signal's checkpoint went once step 2 was saved: the uninterrupted group's steps.
+    assert Checkpoints(workdir, keep=10).all_steps() == [2, 4] == Checkpoints(
+        group[0] / f"seed-{seed}", keep=10).all_steps()
     for a, b in zip(_params(workdir, 4), _params(group[0] / f"seed-{seed}", 4), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

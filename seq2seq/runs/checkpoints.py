@@ -3,7 +3,11 @@
 A run's workdir holds `checkpoints/<step>/` (the train state, written
 atomically by orbax: a killed save leaves no half-written step), the run's
 `config.json` and its SentencePiece vocabulary in `vocab/`. The latest
-`keep` checkpoints are kept, and so is the one with the best validation BLEU.
+`keep` checkpoints of the run's schedule (periodic and validation) are kept, and so is the
+one with the best validation BLEU. A checkpoint saved on a signal, between the schedule's, is
+kept while it is the newest (it is what the run resumes from), and goes once a later one is
+on disk: a paused and resumed run keeps the checkpoints an uninterrupted one keeps, so
+`avg:N` averages the same steps (`LatestOfSchedule`).
 
 A full disk (or a checkpoints folder made read-only) while saving is a `UserError` naming
 the step and the last good checkpoint (`full_disk.write_fault_is_user_error`), and the failed
@@ -37,6 +41,7 @@ from seq2seq.runs.orbax_logs import (
 
 BEST_METRIC = "bleu"
 VOCAB_FINGERPRINT = "vocab_sha256"  # Key of the vocabulary's hash in each step's metadata.
+ON_STOP = "saved_on_stop"  # In a step's metadata: saved on a signal, outside the schedule.
 log = logging.getLogger("seq2seq")
 # A training that holds the run (its .lock) may be deleting a rotated checkpoint file by file:
 # how long a reader waits for the directory to go before calling it damaged.
@@ -54,13 +59,30 @@ class CheckpointRemoved(UserError):
     self.step = step
 
 
+class LatestOfSchedule:
+  """orbax's preservation policy: the latest `n` checkpoints among those not saved on a signal
+  (`stopped`, their steps), and the newest checkpoint of all, whichever it is."""
+
+  def __init__(self, n: int, stopped: set[int]):
+    self.n, self.stopped = n, stopped
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    scheduled = sorted(c.step for c in checkpoints if c.step not in self.stopped)[-self.n:]
+    newest = max((c.step for c in checkpoints), default=None)
+    return [c.step in scheduled or c.step == newest for c in checkpoints]
+
+
 class Checkpoints:
   """Save, list and restore a run's train states."""
 
   def __init__(self, workdir: str | Path, keep: int):
     self.directory = Path(workdir).resolve() / workdirs.CHECKPOINTS
+    # The steps saved on a signal: read from their metadata before the first save.
+    self._stopped: set[int] = set()
+    self._stopped_read = False
     preservation = policies.AnyPreservationPolicy([
-        policies.LatestN(n=keep),
+        LatestOfSchedule(keep, self._stopped),
         # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
         policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1,
                        keep_checkpoints_without_metrics=False),
@@ -118,11 +140,13 @@ class Checkpoints:
                            params_like)
     self.check_vocab(step)  # Same shapes: is it the same vocabulary, too?
 
-  def save(self, step: int, state, metrics: dict | None = None, wait: bool = True) -> None:
+  def save(self, step: int, state, metrics: dict | None = None, wait: bool = True,
+           on_stop: bool = False) -> None:
     """Saves `state` at `step`, recording the fingerprint of the run's vocabulary. With
     `wait=False` it returns once the state is copied off the device (so the caller may
     donate it), and writes in the background: the next save, read of the steps or `close`
-    waits for it (and reports its failure).
+    waits for it (and reports its failure). `on_stop`: saved on a signal, outside the run's
+    schedule of checkpoints, and so kept only while it is the newest (`LatestOfSchedule`).
 
     Raises:
       UserError: the disk is full, or this directory may not be written (the step, this
@@ -130,14 +154,32 @@ class Checkpoints:
         and the same command resumes.
     """
     self._finish()  # A save still writing fails here, under its own step.
+    self._read_stopped()
     fingerprint = tokenizer.fingerprint(self.directory.parent / workdirs.VOCAB)
+    custom = {VOCAB_FINGERPRINT: fingerprint} if fingerprint else {}
+    if on_stop:
+      custom[ON_STOP] = True
+      self._stopped.add(step)
+    else:
+      self._stopped.discard(step)  # (A step saved again, as a seed group's member may.)
     self._unfinished, self._operation = step, None
     with self._write_fault_is_user_error():
       self.manager.save(step, args=ocp.args.StandardSave(state), metrics=metrics, force=True,
-                        custom_metadata={VOCAB_FINGERPRINT: fingerprint} if fingerprint else None)
+                        custom_metadata=custom or None)
       self._operation = current_operation()  # Its threads' id, while they may still write.
     if wait:
       self._finish()
+
+  def _read_stopped(self) -> None:
+    """Reads which kept steps an earlier process saved on a signal (once: later saves add
+    their own)."""
+    if self._stopped_read:
+      return
+    self._stopped_read = True
+    for step in self.manager.all_steps():
+      with contextlib.suppress(Exception), quiet():  # A damaged step's metadata: not stopped.
+        if (self.manager.metadata(step).custom_metadata or {}).get(ON_STOP):
+          self._stopped.add(step)
 
   def _finish(self) -> None:
     """Waits for the save in progress (orbax may write in the background)."""

@@ -197,7 +197,7 @@ class RunActions:
       if self.early_stopping.exhausted(done) and done < self.num_steps:
         log.info("%s%s", self.label, self.early_stopping.message(done))
         self.end({**self.last_eval, "early_stopped": True})
-    elif due.checkpoint:  # Kept by the LatestN policy only (avg:N), written in the background.
+    elif due.checkpoint:  # Kept by LatestOfSchedule only (avg:N), written in the background.
       self.checkpoints.save(done, self.own_state(state), wait=False)
     for action in self.extra if due.extra else []:
       if action.due(done):
@@ -215,7 +215,7 @@ class RunActions:
   def save_on_stop(self, state, done: int, received: str) -> None:
     """Saves step `done` (unless validation just did) and says how to resume."""
     if self.checkpoints.latest_step() != done:
-      self.checkpoints.save(done, state)
+      self.checkpoints.save(done, state, on_stop=True)
     log.info("%sReceived %s: saved a checkpoint at step %d in %s; run the same command to"
              " resume.", self.label, received, done, self.workdir)
 
