@@ -12,19 +12,19 @@ steps so that the last ones can be averaged (`seq2seq-evaluate
 
 Expected result (README's results table, docs/recipe.md): about 36.4 validation BLEU
 (greedy, logged at step 4,000). On 2-core AVX-512 hosts, alone, the command above trained
-its 4,000 steps in 24 to 54 minutes, 0.35 to 0.81 s a step (3ef3026 and 5c8c61d: the hosts
-differ by 2x; docs/performance.md compares the AVX2 host, about twice as slow as the
-faster); then
+its 4,000 steps in 24 to 54 minutes, 0.35 to 0.81 s a step (3ef3026, 5c8c61d and 0cd00cc, 40
+minutes: the hosts differ by 2x; docs/performance.md compares the AVX2 host, about twice as
+slow as the faster); then
 
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=val \
       --checkpoint=best,avg:3,avg:5 --beam_size=4 --alpha=0.6
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=test \
       --checkpoint=selected --beam_size=4 --alpha=0.6
 
-choose `avg:3` (37.94 validation BLEU with beam 4, seed 0, at 5c8c61d) and score 37.51 on
-test_2016_flickr (37.93 lowercase; 37.62 and 37.95 at earlier commits, docs/recipe.md).
-Two seeds (--config.train.seed=1 in another workdir) ensembled with `--ensemble` score
-38.58 (39.03 lowercase, 9008d12).
+choose `avg:3` (37.94 validation BLEU with beam 4, seed 0, at 5c8c61d and 0cd00cc) and score
+37.51 on test_2016_flickr (37.93 lowercase; 37.62 and 37.95 at earlier commits,
+docs/recipe.md). Two seeds (--config.train.seed=1 in another workdir) ensembled with
+`--ensemble` score 38.58 (39.03 lowercase, 9008d12).
 """
 
 from seq2seq.config import base_config
