@@ -83,7 +83,7 @@ class Checkpoints:
     self._stopped_read = False
     preservation = policies.AnyPreservationPolicy([
         LatestOfSchedule(keep, self._stopped),
-        # Checkpoints saved on a signal have no BLEU: only LatestN keeps them.
+        # Checkpoints saved on a signal have no BLEU: only LatestOfSchedule keeps them.
         policies.BestN(get_metric_fn=lambda metrics: metrics[BEST_METRIC], n=1,
                        keep_checkpoints_without_metrics=False),
     ])
@@ -126,10 +126,13 @@ class Checkpoints:
   def check_vocab(self, step: int) -> None:
     """Raises `UserError` if the run's vocabulary is missing or is not the one the
     checkpoint at `step` was trained with (by its recorded fingerprint)."""
-    with quiet():  # Reading step metadata alone makes orbax warn about its items.
-      metadata = self.manager.metadata(step)
-    recorded = (metadata.custom_metadata or {}).get(VOCAB_FINGERPRINT)
+    recorded = self._custom_metadata(step).get(VOCAB_FINGERPRINT)
     match.check_vocab(self.directory.parent / workdirs.VOCAB, step, recorded)
+
+  def _custom_metadata(self, step: int) -> dict:
+    """What `save` recorded beside the state of `step` (the vocabulary's fingerprint, ON_STOP)."""
+    with quiet():  # Reading step metadata alone makes orbax warn about its items.
+      return self.manager.metadata(step).custom_metadata or {}
 
   def check_params(self, step: int, params_like) -> None:
     """Raises `UserError` if the parameters saved at `step` do not fit `params_like`, or
@@ -177,8 +180,8 @@ class Checkpoints:
       return
     self._stopped_read = True
     for step in self.manager.all_steps():
-      with contextlib.suppress(Exception), quiet():  # A damaged step's metadata: not stopped.
-        if (self.manager.metadata(step).custom_metadata or {}).get(ON_STOP):
+      with contextlib.suppress(Exception):  # A damaged step's metadata: not stopped.
+        if self._custom_metadata(step).get(ON_STOP):
           self._stopped.add(step)
 
   def _finish(self) -> None:
