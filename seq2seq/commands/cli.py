@@ -147,13 +147,14 @@ def end(status: int,
   status -15 and no word from Python's own shutdown (which also joins threads). Programs still
   compiling in the background (a run stopped early) would crash JAX's clean-up under their
   native threads, and hold the interpreter's exit until XLA had finished them, minutes on a
-  GPU: then the process leaves at once, without the handlers. (`interrupted`: what the
-  signal's line says was kept.)"""
+  GPU: then the process leaves at once, without the handlers, once it has left a
+  multi-process run (`process.leave_multi_process_run`: its peers would abort otherwise).
+  (`interrupted`: what the signal's line says was kept.)"""
   try:
     process.end(status, exit_handlers=not compiling.unfinished())
   except Interrupted as e:
-    if status == 130:  # A second signal as it ends: its line is printed already.
-      process.end(130, exit_handlers=False)
+    if status == 130:  # A second signal as it ends: its line is printed already; leave at once.
+      process.end(130, exit_handlers=False, leave_run=False)
     _interrupted(e, interrupted)
 
 

@@ -49,18 +49,21 @@ def start_worker(processes: int = 1) -> None:
   compiling.enable_cache()
 
 
-def end(status: int, exit_handlers: bool = True) -> None:
+def end(status: int, exit_handlers: bool = True, leave_run: bool = True) -> None:
   """Ends the command's process with `status`, its work done and its output written: the exit
   handlers (`atexit`: JAX's clean-up, the log's flush) run with SIGINT/SIGTERM recorded, then
   the process leaves at once. A signal meanwhile raises `signals.Interrupted`, for the
   command's line and status 130 (`cli.run_main`). Python's own shutdown resets the signal
   handlers before it tears the modules down (half a second with JAX loaded): a SIGTERM then
   ended a sweep with status -15 and no word. `exit_handlers=False` skips them, for a process
-  whose programs still compile (their threads would crash JAX's clean-up)."""
+  whose programs still compile (their threads would crash JAX's clean-up); it still leaves
+  a multi-process run (`leave_multi_process_run`) unless `leave_run=False`."""
   received = len(signals.RECEIVED)
   with signals.defer_interrupts():
     if exit_handlers:
       atexit._run_exitfuncs()  # noqa: SLF001 (the interpreter's own exit, run while ours)
+    elif leave_run:
+      leave_multi_process_run()
   if len(signals.RECEIVED) > received:
     raise signals.Interrupted(signals.RECEIVED[-1])
   for stream in (sys.stdout, sys.stderr):
@@ -69,3 +72,13 @@ def end(status: int, exit_handlers: bool = True) -> None:
     except (BrokenPipeError, ValueError):  # A reader gone (`| head`), or a stream closed:
       pass  # what it did not take is not wanted, and the status stands.
   os._exit(status)
+
+
+def leave_multi_process_run() -> None:
+  """Leaves the multi-process run this process joined (`jax.distributed`), if any: its
+  shutdown barrier, which JAX's clean-up would pass. Process 0 hosts the run's coordination
+  service; had it left without the barrier, the others, waiting at theirs, lost the service
+  and aborted (SIGABRT: a signal that stopped a run while its evaluation programs compiled)."""
+  jax = sys.modules.get("jax")  # Not imported here: a process that never loaded JAX has none.
+  if jax is not None and jax.distributed.is_initialized():
+    jax.distributed.shutdown()
