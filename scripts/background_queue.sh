@@ -27,8 +27,8 @@ JOEY=".anchors/joeynmt/bin/python"
 runs() {
   local seed
   # Issue 56: subword regularization on the default recipe, two seeds with and without (about
-  # an hour a pair, seed 1 first: seed 0's pair was measured in an earlier session, and its runs were
-  # lost), then the published recipe's three seeds on the CPU.
+  # an hour a pair; seed 1 first, since seed 0's pair was measured in an earlier session and its
+  # runs were lost), then the published recipe's three seeds on the CPU.
   for seed in 1 0; do
     for alpha in 0.1 0.0; do
       echo "seq2seq-sweep --config=configs/multi30k_transformer.py --root=runs/subwords" \
