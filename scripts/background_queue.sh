@@ -24,6 +24,25 @@ RNN="$RNN --config.data.tokens_per_batch=5504 --root=runs/rnn_new"
 LOCAL="$RNN --config.model.attention_window=10 --sweep=model.attention"
 JOEY=".anchors/joeynmt/bin/python"
 
+# The published recipe's evaluation of WORKDIR (with ENSEMBLE, its other members' workdirs,
+# comma-separated: the members, each at its own selected checkpoint, as one model): validation
+# first (a single run chooses between `best` and `avg:10`), then test once; skipped once its test
+# score is on disk.
+choose_and_score() {
+  local workdir=$1 ensemble=${2:-} beam="--beam_size=5 --alpha=0.6" done
+  if [ -z "$ensemble" ]; then
+    done="$workdir/eval/test.selected.beam5.json"
+    echo "[ -f $done ] || { seq2seq-evaluate --workdir=$workdir --split=val" \
+      "--checkpoint=best,avg:10 $beam && seq2seq-evaluate --workdir=$workdir --split=test" \
+      "--checkpoint=selected $beam; }"
+  else
+    done="$workdir/eval/test.selected.ensemble*.beam5.json"
+    echo "compgen -G '$done' > /dev/null || { for split in val test; do seq2seq-evaluate" \
+      "--workdir=$workdir --ensemble=$ensemble --split=\$split --checkpoint=selected $beam ||" \
+      "exit 1; done; }"
+  fi
+}
+
 runs() {
   local seed
   # Issue 56: subword regularization on the default recipe, two seeds with and without (about
@@ -39,10 +58,15 @@ runs() {
     echo "seq2seq-sweep --config=configs/multi30k_transformer_wu2021.py --root=runs/wu2021_cpu" \
       "--sweep=train.seed=$seed"
   done
-  # Seed 2 alone on both cores, so that the ensemble's last seed fits one session (about 2 hours
-  # alone on the AVX-512 host, 3.5 beside another run).
+  # Each seed's checkpoint chosen on validation and scored on test once (docs/recipe.md, "The
+  # same three seeds on the CPU"), as soon as the seed has trained; then seed 2 alone on both
+  # cores, so that the ensemble's last seed fits one session (about 2 hours alone on the
+  # AVX-512 host, 3.5 beside another run); then the three as one model.
+  for seed in 0 1; do echo "ALONE $(choose_and_score runs/wu2021_cpu/seed-$seed)"; done
   echo "ALONE seq2seq-sweep --config=configs/multi30k_transformer_wu2021.py" \
     "--root=runs/wu2021_cpu --sweep=train.seed=2"
+  echo "ALONE $(choose_and_score runs/wu2021_cpu/seed-2)"
+  echo "ALONE $(choose_and_score runs/wu2021_cpu/seed-0 runs/wu2021_cpu/seed-1,runs/wu2021_cpu/seed-2)"
   # Issue 57: JoeyNMT at each recipe's full budget (docs/performance.md, "Against JoeyNMT").
   for recipe in transformer rnn; do
     echo "( [ -x $JOEY ] || (python3 -m venv .anchors/joeynmt && .anchors/joeynmt/bin/pip install" \
