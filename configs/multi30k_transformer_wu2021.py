@@ -18,10 +18,10 @@ score 41.09 BLEU (41.54 lowercase) on test_2016_flickr, avg:10 chosen on validat
 lowercase). At e91b69c, seeds 0-2 on one H200 (seq2seq-sweep --sweep=train.seed=0,1,2
 --one_by_one --parallel=3: 9.4 minutes for the three) scored 41.51, 41.62 and 40.51
 lowercase, and their ensemble 42.56 lowercase on validation (docs/recipe.md). On the
-2-core AVX-512 development CPU a step takes about 0.95 s alone (about 2 hours for the
-8,000) and 1.6 s two runs at a time; there, at 4250d5d, seeds 0 and 1 scored 41.03 and
-40.74 lowercase on test_2016_flickr, avg:10 chosen on validation (41.54 and 42.13), and
-the two as one model 42.29 on validation (docs/recipe.md, "The same three seeds on the CPU").
+2-core AVX-512 development CPU a step takes about 0.86 s alone (seed 0 at 504bd43: 115
+minutes for the 8,000) and 1.6 s two runs at a time; there seed 0 scored 41.01 lowercase
+on test_2016_flickr, avg:10 chosen on validation (41.48), and an earlier seed 1 (4250d5d,
+since lost) 40.74 (docs/recipe.md, "The same three seeds on the CPU").
 """
 
 from seq2seq.config import base_config
