@@ -11,7 +11,7 @@ import jax
 import ml_collections
 
 from seq2seq.errors import UserError
-from seq2seq.runs import workdirs
+from seq2seq.runs import released, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.match import check_run_config
 
@@ -53,6 +53,7 @@ class Claim:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | Path):
     workdirs.check_is_run_or_new(workdir)  # The text as given: an empty one is not ".".
+    released.check_not_released(workdir)
     workdir = Path(workdir)
     self.config, self.workdir, self.checkpoints = config, workdir, None
     workdirs.check_writable(workdir)

@@ -30,7 +30,7 @@ from seq2seq.data import tokenizer
 from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from seq2seq.runs import match, vocabulary, workdirs
+from seq2seq.runs import match, released, vocabulary, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.orbax_logs import quiet
 from seq2seq.runs.selection import selected_checkpoint
@@ -94,6 +94,10 @@ def of(config: ml_collections.ConfigDict, workdir: Path,
     return None
   parent = Path(config.train.init_from)
   _check_is_run(parent, workdir)
+  if released.is_released(parent) and "optimizer" in keeps(config.train):
+    raise UserError(f"config.train.init_from={parent} is a released model, which holds no"
+                    f" optimizer state; drop optimizer from config.train.init_keep="
+                    f"{config.train.init_keep}, or start from the run it was released from.")
   checkpoints = Checkpoints(parent, config.checkpoint.keep)
   try:
     steps = _resolve(checkpoints, parent, config.train.init_checkpoint)
