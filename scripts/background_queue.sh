@@ -15,6 +15,12 @@
 # while a measurement needs a quiet machine).
 set -u
 cd "$(dirname "$0")/.."
+# runs/ lives outside the work tree, in $SEQ2SEQ_RUNS (default ~/seq2seq-runs): a session's work
+# tree is laid anew while its machine is kept, and runs/ went with the work tree three times.
+if [ ! -e runs ]; then
+  mkdir -p "${SEQ2SEQ_RUNS:=$HOME/seq2seq-runs}" && ln -s "$SEQ2SEQ_RUNS" runs
+fi
+[ -d .venv ] || { python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev,tfds]"; }
 . .venv/bin/activate
 TF="seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False --root=runs/tf_new"
 # The RNN variants' first two seeds trained at the RNN recipe's former two length buckets (5,504
