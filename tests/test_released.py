@@ -44,7 +44,7 @@ def test_a_released_model_decodes_its_runs_parameters_bit_for_bit(run, averaged)
   assert ours.steps == [4] and theirs.steps == [2, 4]
   record = json.loads((averaged / released.RECORD).read_text())
   assert record["spec"] == "avg:2" and record["steps"] == [2, 4]
-  assert record["workdir"] == str(run.resolve())
+  assert record["workdir"] == str(run)  # As given: a release outlives the run's path.
 
 
 def test_it_holds_the_parameters_and_the_step_not_the_optimizer_state(run, averaged):

@@ -83,7 +83,7 @@ def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
       checkpoints.save(steps[-1], {"step": jnp.asarray(steps[-1], jnp.int32), "params": params})
     finally:
       checkpoints.close()
-    record = {"workdir": str(workdir.resolve()), "checkpoint": checkpoint, "spec": spec,
+    record = {"workdir": str(workdir), "checkpoint": checkpoint, "spec": spec,
               "steps": steps}
     if (workdir / SELECTION).is_file():
       record["selection"] = json.loads((workdir / SELECTION).read_text(encoding="utf-8"))
