@@ -73,13 +73,15 @@ def _read_params(workdir: Path, spec: str, config, params_like):
       checkpoints.read_or_explain(step, state_like,
                                   functools.partial(checkpoints.check_params, step, params_like))
     total = None  # A running sum: avg:N holds two parameter copies, not N.
+    def read(step: int):
+      if "opt_state" in checkpoints.shapes(step):
+        return checkpoints.restore(step, state_like).params
+      # A released model's checkpoint: its parameters and step alone (`released`).
+      like = {"step": state_like.step, "params": state_like.params}
+      return checkpoints.restore(step, like)["params"]
+
     for step in steps:
-      like = state_like
-      if "opt_state" not in checkpoints.shapes(step):  # A released model's: its parameters.
-        like = {"step": state_like.step, "params": state_like.params}
-      state = checkpoints.read_or_explain(
-          step, like, functools.partial(checkpoints.restore, step, like))
-      params = state["params"] if isinstance(state, dict) else state.params
+      params = checkpoints.read_or_explain(step, state_like, functools.partial(read, step))
       total = params if total is None else jax.tree.map(jnp.add, total, params)
     params = jax.tree.map(lambda x: x / len(steps), total)
   finally:
