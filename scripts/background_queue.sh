@@ -78,6 +78,14 @@ runs() {
     echo "ALONE seq2seq-side-by-side --anchor=joeynmt --full_budget --config=configs/multi30k_$recipe.py" \
       "--joeynmt_python=$JOEY --workdir=runs/joeynmt/$recipe"
   done
+  # Issue 57: ours on the Transformer recipe with JoeyNMT's schedule after the warmup (the
+  # inverse square root, not linear to 0), whether that is why JoeyNMT's run scored 1.1 BLEU
+  # above ours (docs/performance.md, "Against JoeyNMT").
+  local sched=runs/joeynmt_schedule beam4="--beam_size=4 --alpha=0.6"
+  echo "ALONE seq2seq-train --config=configs/multi30k_transformer.py" \
+    "--config.train.schedule=inverse_sqrt --workdir=$sched && { [ -f $sched/eval/test.selected.beam4.json ]" \
+    "|| { seq2seq-evaluate --workdir=$sched --split=val --checkpoint=best,avg:3,avg:5 $beam4 &&" \
+    "seq2seq-evaluate --workdir=$sched --split=test --checkpoint=selected $beam4; }; }"
   # Issue 57: the RNN recipe at four length buckets (docs/rnn_buckets/ has seeds 0 and 1), three
   # seeds for the README's three-seed ensemble.
   for seed in 0 1 2; do
