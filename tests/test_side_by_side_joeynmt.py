@@ -322,6 +322,7 @@ def test_what_the_full_budget_cannot_match_names_the_recipes_figures():
   assert transformer[4].endswith("ours packed rows") and rnn[4].endswith("ours length buckets")
   assert "every 1000 steps" in transformer[5] and "every 850 steps" in rnn[5]
   assert not any("does not validate after the last step" in note for note in transformer + rnn)
+  assert "xavier_uniform" in transformer[-1] and "fairseq" not in rnn[-1]  # Initial weights.
   tiny = fast_tiny_config()
   tiny.train.num_steps, tiny.eval.every_steps = 5, 2
   assert any("does not validate after the last step (5)" in note

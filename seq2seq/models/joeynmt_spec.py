@@ -135,3 +135,11 @@ def unmatched(m: ml_collections.ConfigDict, vocab: int) -> list[tuple[str, int]]
   if m.rnn_cell == "lstm" and m.bridge:
     notes.append(("JoeyNMT's decoder LSTM starts its cell at the bridge too; ours at zero", 0))
   return notes
+
+
+def initialization(m: ml_collections.ConfigDict) -> str:
+  """How the two sides draw `m`'s initial weights: not a parameter count, so not `unmatched`."""
+  return ("initial weights: JoeyNMT's xavier_uniform for every matrix and embedding table,"
+          " biases 0 (an LSTM's forget gates 1); ours flax nnx's defaults"
+          + (", with embeddings normal at std emb_dim ** -0.5 (fairseq's)"
+             if m.family == "transformer" else ""))

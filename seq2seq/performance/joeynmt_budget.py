@@ -57,6 +57,9 @@ the architecture's differences, `joeynmt_spec.unmatched`):
   the state it saved), so it sees that epoch's first batches again; ours resumes at the step.
 - Random draws (initial weights, dropout, batch order) come from torch's and JoeyNMT's
   generators seeded with train.seed: one seed each, not the same draws.
+- Initial weights: JoeyNMT draws every matrix and embedding table from xavier_uniform, biases
+  0 (an LSTM's forget gates 1); ours takes flax nnx's defaults, the Transformer's embeddings
+  normal at std emb_dim ** -0.5 (fairseq's); both sides scale those by sqrt(emb_dim).
 """
 
 import json
@@ -73,7 +76,7 @@ import numpy as np
 from seq2seq.data import corpus
 from seq2seq.data.textio import write_atomically, write_lines
 from seq2seq.errors import UserError
-from seq2seq.models.joeynmt_spec import joeynmt_model, unmatched
+from seq2seq.models.joeynmt_spec import initialization, joeynmt_model, unmatched
 from seq2seq.performance import anchor_joeynmt
 from seq2seq.performance.joeynmt_files import joeynmt_config, write_corpus, write_vocabulary
 from seq2seq.runs import workdirs
@@ -147,6 +150,7 @@ def unmatched_training(config: ml_collections.ConfigDict) -> list[str]:
                  + (f" with {t.loss_terms}" if t.loss_terms else ""))
   notes.append("a resumed JoeyNMT run replays the start of the epoch it stopped in; ours"
                " resumes at the step")
+  notes.append(initialization(config.model))
   return notes
 
 
