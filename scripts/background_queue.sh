@@ -12,10 +12,7 @@
 #
 # A SIGTERM to its process group pauses it, each run saving a checkpoint first; the group's id
 # is in runs/queue.pgid (so: kill -TERM -- -$(cat runs/queue.pgid); -STOP and -CONT hold it
-# while a measurement needs a quiet machine). JoeyNMT's worker runs in a session of its own (a
-# signal reaches it once, from seq2seq-side-by-side: anchor_joeynmt.Worker), so -STOP and -CONT
-# miss it: hold it too with pkill -STOP -f joeynmt_worker.py (and -CONT). -TERM reaches it
-# through seq2seq-side-by-side, which stops it with a checkpoint.
+# while a measurement needs a quiet machine).
 set -u
 cd "$(dirname "$0")/.."
 # runs/ lives outside the work tree, in $SEQ2SEQ_RUNS (default ~/seq2seq-runs): a session's work
