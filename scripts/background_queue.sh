@@ -8,7 +8,14 @@
 #
 #   nohup setsid scripts/background_queue.sh > runs/queue.log 2>&1 &
 #
-# (each run's output in runs/queue_logs/)
+# (each run's output in runs/queue_logs/). A study whose runs must share one commit (issue 77's)
+# runs the queue from a checkout of its own, outside the work tree, so that later commits do not
+# change what its remaining lines train:
+#
+#   git worktree add --detach ~/seq2seq-queue COMMIT && cd ~/seq2seq-queue && nohup setsid \
+#     scripts/background_queue.sh > runs/queue.log 2>&1 &
+#
+# (both checkouts' runs/ are the same folder, so the work tree reads the results).
 #
 # A SIGTERM to its process group pauses it, each run saving a checkpoint first; the group's id
 # is in runs/queue.pgid (so: kill -TERM -- -$(cat runs/queue.pgid); -STOP and -CONT hold it
@@ -29,27 +36,51 @@ RNN="seq2seq-sweep --config=configs/multi30k_rnn.py --config.data.num_buckets=2"
 RNN="$RNN --config.data.tokens_per_batch=5504 --root=runs/rnn_new"
 LOCAL="$RNN --config.model.attention_window=10 --sweep=model.attention"
 
-# The published recipe's evaluation of WORKDIR (with ENSEMBLE, its other members' workdirs,
-# comma-separated: the members, each at its own selected checkpoint, as one model): validation
-# first (a single run chooses between `best` and `avg:10`), then test once; skipped once its test
-# score is on disk.
+# The evaluation of WORKDIR as the README's commands do it (with ENSEMBLE, its other members'
+# workdirs, comma-separated: the members, each at its own selected checkpoint, as one model):
+# validation first, choosing among CHOICES, then test once at the same beam; skipped once its
+# test score is on disk. The published recipe chooses between `best` and `avg:10` at beam 5,
+# the default recipe among `best`, `avg:3` and `avg:5` at beam 4.
 choose_and_score() {
-  local workdir=$1 ensemble=${2:-} beam="--beam_size=5 --alpha=0.6" done
+  local workdir=$1 ensemble=${2:-} beam_size=${3:-5} choices=${4:-best,avg:10} done beam
+  beam="--beam_size=$beam_size --alpha=0.6"
   if [ -z "$ensemble" ]; then
-    done="$workdir/eval/test.selected.beam5.json"
+    done="$workdir/eval/test.selected.beam$beam_size.json"
     echo "[ -f $done ] || { seq2seq-evaluate --workdir=$workdir --split=val" \
-      "--checkpoint=best,avg:10 $beam && seq2seq-evaluate --workdir=$workdir --split=test" \
+      "--checkpoint=$choices $beam && seq2seq-evaluate --workdir=$workdir --split=test" \
       "--checkpoint=selected $beam; }"
   else
-    done="$workdir/eval/test.selected.ensemble*.beam5.json"
+    done="$workdir/eval/test.selected.ensemble*.beam$beam_size.json"
     echo "compgen -G '$done' > /dev/null || { for split in val test; do seq2seq-evaluate" \
       "--workdir=$workdir --ensemble=$ensemble --split=\$split --checkpoint=selected $beam ||" \
       "exit 1; done; }"
   fi
 }
 
+# Issue 77's study of the default recipe (configs/multi30k_transformer.py, 4,000 packed steps):
+# POSITIONS, ATTENTION_DROPOUT, SAMPLING and SEED, each swept explicitly so that every workdir's
+# name says all three ingredients and a later change of the config's defaults does not change
+# what a line trains; trained, then chosen on validation and scored on test as the README does.
+study() {
+  local name="positions-$1_attention_dropout_rate-$2_subword_sampling-$3_seed-$4"
+  echo "seq2seq-sweep --config=configs/multi30k_transformer.py --root=runs/recipe_study" \
+    "--sweep=model.positions=$1 --sweep=model.attention_dropout_rate=$2" \
+    "--sweep=data.subword_sampling=$3 --sweep=train.seed=$4 &&" \
+    "{ $(choose_and_score runs/recipe_study/$name '' 4 best,avg:3,avg:5); }"
+}
+
 runs() {
   local seed
+  # Issue 77, item 1: the candidate (rotary positions, dropout 0.1 on the attention weights)
+  # and the default as it is, three seeds each (the default's seed 0 is also in docs/recipe.md),
+  # then each ingredient alone at two seeds, then the candidate with subword sampling. The
+  # candidate's seed 0 trains alone, for the README's wall time.
+  echo "ALONE $(study rope 0.1 0.0 0)"
+  for seed in 1 2; do study rope 0.1 0.0 $seed; study sinusoidal 0.0 0.0 $seed; done
+  for seed in 0 1; do study rope 0.0 0.0 $seed; study sinusoidal 0.1 0.0 $seed; done
+  for seed in 0 1; do study sinusoidal 0.0 0.1 $seed; done
+  for seed in 0 1 2; do study rope 0.1 0.1 $seed; done
+  study sinusoidal 0.0 0.0 0
   # Issue 56: the published recipe's three seeds on the CPU, each alone on both cores (2 to 3
   # hours on the AVX-512 hosts), each chosen on validation and scored on test once as soon as it
   # has trained (docs/recipe.md, "The same three seeds on the CPU"), then released to models/
