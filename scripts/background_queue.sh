@@ -120,8 +120,10 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 # Each run's output goes to runs/queue_logs/, named by its root and swept values.
 mkdir -p runs/queue_logs
 ps -o pgid= $$ | tr -d ' ' > runs/queue.pgid
+# (the first 160 characters of the name: a line that trains and then evaluates names its workdir
+# three times, past the file system's 255, and its values differ within the first 160).
 TRAIN='name=$(grep -o -- "--\(root\|workdir\|sweep\)=[^ ]*" <<< "$1" | sed "s/^--[a-z]*=//" \
-  | paste -sd_ | tr -c "A-Za-z0-9._\n-" _); eval "$1" > "runs/queue_logs/$name.log" 2>&1'
+  | paste -sd_ | tr -c "A-Za-z0-9._\n-" _ | cut -c1-160); eval "$1" > "runs/queue_logs/$name.log" 2>&1'
 # Lines train two at a time; a line that starts with ALONE waits for the runs before it and
 # trains by itself.
 batch=()
