@@ -393,7 +393,7 @@ def fail(*args, **kwargs):  # As a read-only mount or a full disk answers a writ
   raise OSError(errno.ERRNO, os.strerror(errno.ERRNO), "OUT.tmp")
 
 def work():
-  pathlib.Path.write_text = fail
+  os.fsync = fail  # Where a full disk shows last: the data written, not yet on the disk.
   textio.write_lines("OUT", ["Ein Hund."])
 
 cli.run_main(work)
@@ -411,3 +411,20 @@ def test_a_write_the_disk_refuses_is_one_line_naming_the_file(tmp_path, errno_na
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.splitlines() == ["error: " + line.format(out=out)]
   assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["evaluate.py", "--workdir=nowhere", "--gold_alignment=a.txt", "--gold_alignment=b.txt"],
+     "--gold_alignment"),
+    (["train.py", "--config=configs/tiny.py", "--workdir=nowhere", "--config.train.seed=1",
+      "--config.train.seed=2"], "--config.train.seed")])
+def test_a_flag_of_one_value_given_twice_is_refused_in_one_line(tmp_path, argv, flag):
+  """The last would silently replace the first (a second gold alignment, the first's AER)."""
+  result = subprocess.run([sys.executable, str(ROOT / "scripts" / argv[0]), *argv[1:]],
+                          capture_output=True, text=True, env=ENV, timeout=120, cwd=ROOT)
+  assert result.returncode == 2, result.stderr[-2000:]
+  value = argv[-1].split("=", 1)[1]
+  assert result.stderr.splitlines() == [
+      f"error: {flag} was given 2 times, and only its last value would count; give it once"
+      f" ({flag}={value}, if the last was meant)."]
+  assert not (ROOT / "nowhere").exists()

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -77,6 +78,40 @@ def test_an_interrupted_write_keeps_the_old_file_and_no_temporary(tmp_path):
   assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
   textio.write_lines(path, ["a", "b\nc"])
   assert path.read_text(encoding="utf-8") == "a\nb c\n"
+
+
+def test_a_write_is_on_the_disk_before_it_replaces_the_file(tmp_path, monkeypatch):
+  """The new text is flushed and synced under a temporary name of its own, then renamed, then
+  the folder synced: after a power loss the file is the old one or the new one."""
+  path, events = tmp_path / "hyp.txt", []
+  real_fsync, real_replace = os.fsync, os.replace
+  monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_size)),
+                                               real_fsync(fd)))
+  monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", Path(a).name)),
+                                                   real_replace(a, b)))
+  textio.write_lines(path, ["Ein Hund."])
+  (_, synced), (_, temporary), (_, folder) = events
+  assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+  assert synced == len("Ein Hund.\n") and folder > 0  # The file's bytes, then the folder.
+  assert temporary.startswith(".hyp.txt.") and temporary.endswith(".tmp")
+  reference = tmp_path / "plain.txt"
+  reference.write_text("x")  # The mode any new file gets, not a temporary file's 0600.
+  assert path.stat().st_mode == reference.stat().st_mode
+
+
+def test_writers_of_one_file_at_once_leave_one_whole_text(tmp_path):
+  """Each writer has a temporary file of its own: the file ends as one writer's text, whole."""
+  import threading
+  path = tmp_path / "hyp.txt"
+  texts = [[f"{i} " * 2000] * 50 for i in range(4)]
+  threads = [threading.Thread(target=lambda t=t: [textio.write_lines(path, t) for _ in range(5)])
+             for t in texts]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert path.read_text(encoding="utf-8") in {textio.as_lines(t) for t in texts}
+  assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
 
 
 @pytest.mark.slow  # Over ~8 s: the default run stays under 8 minutes.

@@ -144,9 +144,13 @@ REFUSALS = [
      " run's 300; pass --config.data.vocab_size=500, or start a new run without init_from to"
      " train one of 300."),
     ("a vocabulary of other languages", lambda r, t: _vocab_languages(_child(r), "de,en,cs"),
-     "config.train.init_from={run} holds a vocabulary of config.data.vocab_languages='', not"
-     " this run's 'de,en,cs'; pass --config.data.vocab_languages=, or start a new run without"
-     " init_from to train one of 'de,en,cs'."),
+     "config.train.init_from={run} holds a vocabulary of de, en, and this run's is of cs, de,"
+     " en; pass --config.data.vocab_languages=de,en to take it as it is, or start a new run"
+     " without init_from to train one of cs, de, en."),
+    ("a pair of another language", lambda r, t: _languages(_child(r), "en", "fr"),
+     "config.train.init_from={run} holds a vocabulary of de, en, and this run's is of en, fr;"
+     " pass --config.data.vocab_languages=de,en to take it as it is, or start a new run without"
+     " init_from to train one of en, fr."),
     ("vocab_from another vocabulary", lambda r, t: _vocab_from(_child(r), _other_vocabulary(r, t)),
      "config.data.vocab_from={tmp}/other is another vocabulary than the parent's"
      " (config.train.init_from={run}), and a run started from a parent takes the parent's; drop"
@@ -190,11 +194,28 @@ REFUSALS = [
     ("a bad init_checkpoint", lambda r, t: _child(r, init_checkpoint="avg:0"),
      "config.train.init_checkpoint='avg:0' names no checkpoint; use best, latest, selected,"
      " avg:N or a step number."),
+    ("a fresh pattern matching nothing", lambda r, t: _child(r, init_fresh="logits_dense"),
+     "config.train.init_fresh='logits_dense' matches none of this run's parameters, so it would"
+     " leave none fresh; give a regex on their names (such as decoder_layers.0, decoder_norm,"
+     " encoder_layers.0, encoder_norm, src_embed), or drop it."),
+    ("a step after a colon", lambda r, t: _child(f"{r}:4"),
+     "config.train.init_from={run}:4 does not exist, and {run} does: a checkpoint of the parent"
+     " is chosen apart, --config.train.init_from={run} --config.train.init_checkpoint=4."),
+    ("selected, never chosen", lambda r, t: _child(_unevaluated(r, t), init_checkpoint="selected"),
+     "config.train.init_from={tmp}/parent: its config.train.init_checkpoint=selected needs"
+     " {tmp}/parent/eval/selected.json, which does not exist; choose on validation data first:"
+     " seq2seq-evaluate --workdir={tmp}/parent --split=val --checkpoint=best,avg:5,avg:10."),
     ("init_keep without init_from", lambda r, t: _child("", init_keep="optimizer"),
      "config.train.init_keep='optimizer' is for a run started from another, and"
      " config.train.init_from is empty; pass --config.train.init_from=PARENT_WORKDIR, or drop"
      " init_keep."),
 ]
+
+
+def _unevaluated(run, tmp):
+  """A copy of `run` without its evaluations (other tests may have chosen a checkpoint)."""
+  shutil.copytree(run, tmp / "parent", ignore=shutil.ignore_patterns("eval"))
+  return tmp / "parent"
 
 
 def _clip(c):
@@ -204,6 +225,11 @@ def _clip(c):
 
 def _vocab_size(c, size):
   c.data.vocab_size = size
+  return c
+
+
+def _languages(c, src, tgt):
+  c.data.src_lang, c.data.tgt_lang = src, tgt
   return c
 
 
@@ -321,3 +347,44 @@ def test_the_comparison_shows_a_runs_parent(run, tmp_path):
   assert [row["parent"] for row in rows] == [None, "base (best, step 4)"]
   table = (out / "comparison.md").read_text()
   assert "| tokens_per_sec | parent |" in table and "| base (best, step 4) |" in table
+
+
+@pytest.mark.parametrize("removed_while", ["checking its shapes", "reading its parameters"])
+def test_a_checkpoint_the_parents_training_removes_is_chosen_again(run, tmp_path, monkeypatch,
+                                                                   removed_while):
+  """A parent still training keeps only its latest checkpoints: the one a child chose (latest,
+  step 4) goes while the child reads it, when `parents.of` checks its shapes or when `start`
+  reads its parameters. The child chooses again (step 2, now the latest) and trains from it,
+  at learning rate 0 keeping exactly its parameters, and parent.json says so."""
+  parent = tmp_path / "parent"
+  shutil.copytree(run, parent)
+  (parent / ".lock").write_text("host h, pid 1\n")  # As a training parent holds it.
+  gone = parent / "checkpoints" / "4"
+  if removed_while == "checking its shapes":
+    target, name = Checkpoints, "shapes"
+  else:
+    target, name = ocp.StandardCheckpointHandler, "metadata"
+  real = getattr(target, name)
+
+  def rotated(self, where, *args, **kwargs):
+    if gone.exists() and (str(where) == "4" or str(gone) in str(where)):
+      shutil.rmtree(gone)  # The parent's training rotates it away: the read finds nothing.
+    return real(self, where, *args, **kwargs)
+  monkeypatch.setattr(target, name, rotated)
+  child = tmp_path / "child"
+  loop.train_and_evaluate(_child(parent, learning_rate=0.0, init_checkpoint="latest"), child)
+  assert not gone.exists()
+  record = json.loads((child / "parent.json").read_text())
+  assert record["steps"] == [2] and record["step"] == 2
+  for leaf, value in _params(_saved(parent, 2)).items():
+    np.testing.assert_array_equal(_params(_saved(child, 2))[leaf], value, err_msg=leaf)
+
+
+def test_a_child_naming_the_parents_own_languages_takes_its_vocabulary(run):
+  """The languages are compared as languages: "en,de" and "de, en" are the parent's pair."""
+  from seq2seq.runs import vocabulary
+  for listed in ("en,de", "de, en", ""):
+    c = _child(run)
+    c.data.vocab_languages = listed
+    vocabulary.check_source(run, c.data, "config.train.init_from")
+  assert vocabulary.languages(c.data) == ("de", "en")

@@ -231,8 +231,19 @@ def test_only_the_rnn_takes_local_m_and_local_p(tiny_config, name):
 
 @pytest.mark.slow  # Over ~7 s (~25 s on 2 shared cores): the default run stays under 8 minutes.
 def test_a_tiny_local_p_run_trains_end_to_end(tiny_config, tmp_path):
+  from seq2seq.decoding.translator import Translator
   from seq2seq.training import loop
   c = rnn_config(tiny_config, attention="local_p", attention_window=2)
   c.train.num_steps, c.eval.every_steps = 4, 4
   metrics = loop.train_and_evaluate(c, tmp_path / "run")
   assert metrics["step"] == 4 and np.isfinite(metrics["loss"])
+  # What it trained is local_p: its own W_p and v_p moved from their start, and the run's
+  # checkpoint attends within 2D + 1 = 5 source words of p_t, nothing outside.
+  translator = Translator(tmp_path / "run", "latest", beam_size=1)
+  model = nnx.merge(translator.graphdef, translator.params)
+  start = build_model(c, translator.tokenizer.vocab_size)
+  for name in ("w_p", "v_p"):
+    assert not np.allclose(getattr(model.score_params, name)[...],
+                           getattr(start.score_params, name)[...]), name
+  weights = np.asarray(model.attention_weights(SRC, TGT)["cross"])
+  assert ((weights > 0).sum(-1) <= 5).all() and ((weights > 0).sum(-1) >= 1).any()

@@ -3,6 +3,7 @@ parameters, bit for bit), alone and as an ensemble's member, holds no optimizer 
 new run as its run would, and is never trained on itself (seq2seq/runs/released.py)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -120,3 +121,45 @@ def test_each_refusal_is_one_line_and_writes_nothing(run, tmp_path, case):
     released.release(workdir, spec, output)
   assert str(raised.value) == message
   assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_killed_exports_partial_folder_goes_with_the_next_export(run, tmp_path):
+  """A release killed midway leaves `.<name>.partial<pid>`; the next release of that output
+  removes it (its process is gone) and writes the model; another live process's stays."""
+  output = tmp_path / "model"
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  (tmp_path / f".model.partial{dead}" / "checkpoints").mkdir(parents=True)
+  alive = tmp_path / f".model.partial{os.getppid()}"  # pytest's parent: alive.
+  alive.mkdir()
+  released.release(run, "latest", output)
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", alive.name])
+
+
+def test_a_full_disk_during_a_release_names_the_output_and_leaves_nothing(run, tmp_path,
+                                                                         monkeypatch):
+  import errno
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "somewhere/hidden")
+  monkeypatch.setattr(released, "write_atomically", full)
+  output = tmp_path / "model"
+  with pytest.raises(OSError) as raised:
+    released.release(run, "latest", output)
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(output)
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_keeping_its_step_goes_on_as_a_child_of_its_run_does(run, averaged, tmp_path):
+  """init_keep=step from a released model (which holds no optimizer state) starts at the
+  release's step with the schedule there, as a child of the run at avg:2 keeping its step:
+  after two steps of training both hold the same parameters and the same step."""
+  children = []
+  for parent, spec in ((averaged, "selected"), (run, "avg:2")):
+    c = shared_run_config(6)
+    c.train.init_from, c.train.init_checkpoint, c.train.init_keep = str(parent), spec, "step"
+    children.append(tmp_path / f"child-{len(children)}")
+    loop.train_and_evaluate(c, children[-1])
+  assert [Checkpoints(child, 2).all_steps()[-1] for child in children] == [6, 6]
+  first, second = (Translator(child, "latest", beam_size=1).params for child in children)
+  assert jax.tree.all(jax.tree.map(np.allclose, first, second))

@@ -328,7 +328,7 @@ def test_a_checkpoint_removed_while_read_is_read_again_from_the_new_set(
   translator = Translator(workdir, "avg:2", beam_size=1)
   assert translator.steps == expected.steps == [4, 6]
   assert jax.tree.all(jax.tree.map(np.array_equal, translator.params, expected.params))
-  assert ("Checkpoint 2 was removed by the run's training while it was read; reading"
+  assert ("Checkpoint 2 was removed by the run's training while it was read; choosing"
           " --checkpoint=avg:2 again.") in caplog.messages
   assert not any("cannot be restored" in m for m in caplog.messages)
 

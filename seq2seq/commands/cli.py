@@ -167,10 +167,22 @@ def _interrupted(signal_: BaseException, kept: str | Callable[[], str]) -> None:
   end(130)
 
 
+def check_flags_given_once() -> None:
+  """Refuses a flag of one value given more than once (`--gold_alignment=A --gold_alignment=B`):
+  the last would silently replace the others. Flags that take several (`--sweep`, `--earlier`)
+  may repeat."""
+  for name in sorted({flags.FLAGS[n].name for n in flags.FLAGS}):
+    flag = flags.FLAGS[name]
+    if flag.present > 1 and not isinstance(flag, flags.MultiFlag):
+      raise UserError(f"--{name} was given {flag.present} times, and only its last value would"
+                      f" count; give it once (--{name}={flag.value}, if the last was meant).")
+
+
 def _status_of(fn: Callable[[], int | None]) -> int:
   """Runs `fn()`: its exit status (an `int` it returns, else 0), or 2 after a `UserError`'s
   line, or a full disk's or a read-only destination's (`errors.file_fault`)."""
   try:
+    check_flags_given_once()
     compiling.enable_cache()
     status = fn()
     return status if type(status) is int else 0  # (`train_and_evaluate` returns its record.)

@@ -1,5 +1,7 @@
 """Text files of one sentence per line: read as UTF-8, written whole or not at all."""
 
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,19 +30,57 @@ def check_output(path: str | Path, flag: str, inputs: dict[str, str | Path] | No
                     " pass another path.")
 
 
-def write_atomically(path: Path, text: str) -> None:
-  """Replaces `path` by `text` whole or not at all: written to `<name>.tmp` and renamed, so a
-  kill leaves the old file, and an interrupted write leaves no temporary file behind. A
-  symbolic link stays one: the file it points to is replaced."""
-  path = path.resolve() if path.is_symlink() else path
-  tmp = path.with_name(path.name + ".tmp")
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+_MODE = 0o666 & ~_umask()  # What `open(path, "w")` gives a new file.
+
+
+def sync_folder(folder: Path) -> None:
+  """Makes a rename or removal in `folder` durable (fsync of the folder), where the file
+  system allows it."""
   try:
-    tmp.write_text(text, encoding="utf-8", newline="\n")
-    tmp.replace(path)
+    fd = os.open(folder, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+  """Replaces `path` by `data` whole or not at all, after a kill or a power loss: written to
+  a temporary file of a name of its own in the same folder (`.<name>.<random>.tmp`: two
+  writers never share one), flushed and synced to the disk, renamed over `path`, and the
+  folder synced. So `path` is the old file or the new one, never a part, and no temporary file
+  outlives a failed write. A symbolic link stays one: the file it points to is replaced."""
+  path = path.resolve() if path.is_symlink() else path
+  tmp = None
+  try:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+      os.fchmod(f.fileno(), _MODE)  # Not mkstemp's 0600: as any file the command writes.
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+    sync_folder(path.parent)
   except OSError as e:  # Named by the file the user knows, not its temporary.
     raise OSError(e.errno, e.strerror, str(path)) from e
   finally:
-    tmp.unlink(missing_ok=True)
+    if tmp is not None:
+      Path(tmp).unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+  """Replaces `path` by `text` (UTF-8) whole or not at all (`write_bytes_atomically`)."""
+  write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def write_lines(path: str | Path, lines: Sequence[str]) -> None:

@@ -59,7 +59,7 @@ def export(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
   c = translator.config
   converter = conversion.TransformerConverter(model, c.model, pieces,
                                               str(Path(workdir) / workdirs.VOCAB))
-  partial = output.with_name(f"{output.name}.tmp{os.getpid()}")
+  partial = workdirs.partial_folder(output)
   try:
     converter.convert(str(partial), force=True)
     settings = {"workdir": str(workdir), "checkpoint": checkpoint, "steps": translator.steps,
@@ -67,6 +67,8 @@ def export(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
                 "max_decode_len_b": c.eval.max_decode_len_b}
     (partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, output)
+  except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.
+    raise OSError(e.errno, e.strerror, str(output)) from e
   finally:
     shutil.rmtree(partial, ignore_errors=True)
   return output

@@ -59,6 +59,19 @@ class CheckpointRemoved(UserError):
     self.step = step
 
 
+def read_again_if_removed(read, what: str):
+  """`read()`, which resolves and reads checkpoints of a run, and once more where the run's
+  training removed one of them meanwhile (`CheckpointRemoved`): the second try chooses again
+  among the checkpoints then on disk. A second removal is the one-line `CheckpointRemoved`.
+  `what` names the checkpoints in the log ("--checkpoint=avg:5")."""
+  try:
+    return read()
+  except CheckpointRemoved as removed:
+    log.info("Checkpoint %d was removed by the run's training while it was read; choosing %s"
+             " again.", removed.step, what)
+  return read()
+
+
 class LatestOfSchedule:
   """orbax's preservation policy: the latest `n` checkpoints among those not saved on a signal
   (`stopped`, their steps), and the newest checkpoint of all, whichever it is."""
@@ -225,10 +238,11 @@ class Checkpoints:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
-  def read_or_explain(self, step: int, like, read):
-    """`read()` of checkpoint `step` (a restore into `like`, or a check of it), but one that
-    does not read back (a truncated or missing file) is a `UserError` naming it and the
-    steps that do restore into `like`. Nothing is moved: that is for resuming alone."""
+  def guarded(self, step: int, read):
+    """`read()` of checkpoint `step` (its metadata, shapes or arrays), the one guarded read of
+    every command and of a run starting from a parent: where it fails because the step's
+    directory is gone (the run's training rotated it away meanwhile), `CheckpointRemoved`,
+    which `read_again_if_removed` answers by choosing again; any other failure as it is."""
     try:
       with quiet():
         return read()
@@ -237,6 +251,18 @@ class Checkpoints:
     except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
       if self._removed(step):
         raise CheckpointRemoved(step, self.directory) from e
+      raise
+
+  def read_or_explain(self, step: int, like, read):
+    """`read()` of checkpoint `step` (a restore into `like`, or a check of it), guarded
+    (`guarded`), but one that does not read back (a truncated or missing file) is a
+    `UserError` naming it and the steps that do restore into `like`. Nothing is moved: that is
+    for resuming alone."""
+    try:
+      return self.guarded(step, read)
+    except (UserError, AttributeError, NameError):
+      raise  # CheckpointRemoved, the user's mismatch, or a bug of ours.
+    except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many kinds)
       error = describe(e)
     good = []
     for other in self.all_steps():

@@ -16,7 +16,6 @@ parameters and step, not an optimizer state it does not hold; it is never traine
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
   like = nnx.split(nnx.eval_shape(lambda: build_model(config, match.vocab_size(vocab))),
                    nnx.Param)[1]
   steps, params = restore_params(workdir, spec, config, like)
-  partial = output.with_name(f".{output.name}.partial{os.getpid()}")
+  partial = workdirs.partial_folder(output)
   shutil.rmtree(partial, ignore_errors=True)
   try:
     partial.mkdir(parents=True)
@@ -90,6 +89,8 @@ def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
     record_selection(partial, {"checkpoint": "latest", "released_from": record})
     write_atomically(partial / RECORD, json.dumps(record, indent=2) + "\n")
     partial.rename(output)
+  except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.
+    raise OSError(e.errno, e.strerror, str(output)) from e
   finally:
     shutil.rmtree(partial, ignore_errors=True)
   return output

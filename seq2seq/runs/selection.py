@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
-from seq2seq.runs.checkpoints import CheckpointRemoved, Checkpoints
+from seq2seq.runs.checkpoints import Checkpoints, read_again_if_removed
 from seq2seq.runs.train_state import make_optimizer, new_train_state
 
 log = logging.getLogger("seq2seq")
@@ -21,12 +21,13 @@ log = logging.getLogger("seq2seq")
 SELECTION = workdirs.EVAL / "selected.json"  # Relative to the workdir.
 
 
-def selected_checkpoint(workdir: Path) -> str:
-  """The checkpoint spec that `select_checkpoint` chose on validation data."""
+def selected_checkpoint(workdir: Path, field: str = "--checkpoint") -> str:
+  """The checkpoint spec that `select_checkpoint` chose on validation data (`field`: the flag
+  or config field that asked for `selected`, for the refusal)."""
   path = Path(workdir) / SELECTION
   if not path.is_file():
-    raise UserError(f"--checkpoint=selected needs {path}, which does not exist; choose on"
-                    " validation data first: seq2seq-evaluate --split=val"
+    raise UserError(f"{field}=selected needs {path}, which does not exist; choose on"
+                    f" validation data first: seq2seq-evaluate --workdir={workdir} --split=val"
                     " --checkpoint=best,avg:5,avg:10.")
   again = ("choose again on validation data: seq2seq-evaluate --split=val"
            " --checkpoint=best,avg:5,avg:10")
@@ -48,12 +49,8 @@ def restore_params(workdir: Path, spec: str, config, params_like):
   one meanwhile (it keeps only its latest): then `spec` is resolved again and read once more;
   a second removal is `CheckpointRemoved`, a one-line UserError that says so.
   """
-  try:
-    return _read_params(workdir, spec, config, params_like)
-  except CheckpointRemoved as removed:
-    log.info("Checkpoint %d was removed by the run's training while it was read; reading"
-             " --checkpoint=%s again.", removed.step, spec)
-  return _read_params(workdir, spec, config, params_like)
+  return read_again_if_removed(lambda: _read_params(workdir, spec, config, params_like),
+                               f"--checkpoint={spec}")
 
 
 def _read_params(workdir: Path, spec: str, config, params_like):

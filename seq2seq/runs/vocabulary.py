@@ -51,12 +51,23 @@ def check_source(run: Path, data: ml_collections.ConfigDict,
   theirs = workdirs.read_run_config(run).data
   drop = ("drop vocab_from" if field == "config.data.vocab_from"
           else "start a new run without init_from")
-  for name in ("vocab_size", "vocab_languages"):
-    yours, own = theirs.get(name, ""), data.get(name, "")
-    if yours != own:
-      raise UserError(f"{field}={run} holds a vocabulary of config.data.{name}={yours!r}, not"
-                      f" this run's {own!r}; pass --config.data.{name}={yours}, or {drop} to"
-                      f" train one of {own!r}.")
+  if theirs.vocab_size != data.vocab_size:
+    raise UserError(f"{field}={run} holds a vocabulary of config.data.vocab_size="
+                    f"{theirs.vocab_size!r}, not this run's {data.vocab_size!r}; pass"
+                    f" --config.data.vocab_size={theirs.vocab_size}, or {drop} to train one of"
+                    f" {data.vocab_size!r}.")
+  yours, own = languages(theirs), languages(data)
+  if yours != own:
+    raise UserError(f"{field}={run} holds a vocabulary of {', '.join(yours)}, and this run's is"
+                    f" of {', '.join(own)}; pass --config.data.vocab_languages={','.join(yours)}"
+                    f" to take it as it is, or {drop} to train one of {', '.join(own)}.")
+
+
+def languages(data: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The languages whose training text a run's vocabulary is trained on, sorted:
+  config.data.vocab_languages, or where that is empty, the pair's two."""
+  listed = {name.strip() for name in data.get("vocab_languages", "").split(",") if name.strip()}
+  return tuple(sorted(listed or {data.src_lang, data.tgt_lang}))
 
 
 def share(first: Path, others: list[Path]) -> None:

@@ -31,8 +31,7 @@ from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
 from seq2seq.runs import match, released, vocabulary, workdirs
-from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.runs.orbax_logs import quiet
+from seq2seq.runs.checkpoints import CheckpointRemoved, Checkpoints, read_again_if_removed
 from seq2seq.runs.selection import selected_checkpoint
 from seq2seq.runs.train_state import TrainState, make_optimizer, new_train_state
 
@@ -98,18 +97,25 @@ def of(config: ml_collections.ConfigDict, workdir: Path,
     raise UserError(f"config.train.init_from={parent} is a released model, which holds no"
                     f" optimizer state; drop optimizer from config.train.init_keep="
                     f"{config.train.init_keep}, or start from the run it was released from.")
-  checkpoints = Checkpoints(parent, config.checkpoint.keep)
-  try:
-    steps = _resolve(checkpoints, parent, config.train.init_checkpoint)
-    pieces = _check_vocabulary(config, parent, workdir, checkpoints, steps)
-    abstract = jax.eval_shape(lambda: new_train_state(
-        nnx.split(build_model(config, pieces, seed=0), nnx.Param)[1],
-        make_optimizer(config.train)))
-    loads = _loads(abstract, config.train)
-    for step in steps:
-      _check_fit(parent, step, checkpoints.shapes(step), abstract, loads, config.train)
-  finally:
-    checkpoints.close()
+
+  def inspect():  # The parent's chosen steps, checked; chosen again if training removes one.
+    checkpoints = Checkpoints(parent, config.checkpoint.keep)
+    try:
+      steps = _resolve(checkpoints, parent, config.train.init_checkpoint)
+      pieces = _check_vocabulary(config, parent, workdir, checkpoints, steps)
+      abstract = jax.eval_shape(lambda: new_train_state(
+          nnx.split(build_model(config, pieces, seed=0), nnx.Param)[1],
+          make_optimizer(config.train)))
+      _check_fresh_matches(abstract, config.train)
+      loads = _loads(abstract, config.train, released.is_released(parent))
+      for step in steps:
+        saved = checkpoints.guarded(step, functools.partial(checkpoints.shapes, step))
+        _check_fit(parent, step, saved, abstract, loads, config.train)
+    finally:
+      checkpoints.close()
+    return steps, loads
+
+  steps, loads = read_again_if_removed(inspect, _field(config.train))
   if "step" in keeps(config.train) and steps[-1] >= config.train.num_steps:
     raise UserError(f"config.train.init_keep={config.train.init_keep}: the parent's checkpoint is"
                     f" at step {steps[-1]}, and config.train.num_steps={config.train.num_steps}"
@@ -124,6 +130,11 @@ def _check_is_run(parent: Path, workdir: Path) -> None:
     raise UserError(f"{field} is this run's own workdir; pass another run's, or drop init_from"
                     " to resume this one.")
   if not parent.exists():
+    run, colon, spec = str(parent).rpartition(":")
+    if colon and Path(run).is_dir():  # RUN:100, as seq2seq-evaluate's ensembles name steps.
+      raise UserError(f"{field} does not exist, and {run} does: a checkpoint of the parent is"
+                      f" chosen apart, --config.train.init_from={run}"
+                      f" --config.train.init_checkpoint={spec}.")
     raise UserError(f"{field} does not exist; pass the workdir of a trained run.")
   if not (parent / workdirs.CONFIG).is_file() or not (parent / workdirs.CHECKPOINTS).is_dir():
     raise UserError(f"{field} is not a trained run (no {workdirs.CONFIG} and"
@@ -132,8 +143,11 @@ def _check_is_run(parent: Path, workdir: Path) -> None:
 
 def _resolve(checkpoints: Checkpoints, parent: Path, spec: str) -> list[int]:
   """The parent's steps that `spec` names, its refusals said of config.train.init_checkpoint."""
+  if spec == "selected":  # Its refusal names seq2seq-evaluate's --checkpoint, as it is.
+    spec = selected_checkpoint(parent, f"config.train.init_from={parent}: its"
+                               " config.train.init_checkpoint")
   try:
-    return checkpoints.resolve(selected_checkpoint(parent) if spec == "selected" else spec)
+    return checkpoints.resolve(spec)
   except UserError as e:
     raise UserError(str(e).replace("--checkpoint=", "config.train.init_checkpoint=")) from None
 
@@ -149,7 +163,7 @@ def _check_vocabulary(config, parent: Path, workdir: Path, checkpoints: Checkpoi
     raise UserError(f"config.train.init_from={parent}: {vocab} is missing; put it back from a"
                     " copy of the run.")
   for step in steps:
-    checkpoints.check_vocab(step)
+    checkpoints.guarded(step, functools.partial(checkpoints.check_vocab, step))
   ours = tokenizer.fingerprint(vocab)
   vocab_from = config.data.vocab_from and Path(config.data.vocab_from) / workdirs.VOCAB
   for other, what in ((vocab_from, f"config.data.vocab_from={config.data.vocab_from}"),
@@ -178,17 +192,32 @@ def _schedule_leaves(state) -> set[str]:
   return found
 
 
-def _loads(abstract: TrainState, t: ml_collections.ConfigDict) -> list[str]:
+def _check_fresh_matches(abstract: TrainState, t: ml_collections.ConfigDict) -> None:
+  """Refuses a config.train.init_fresh that matches none of this run's parameters: it would
+  leave nothing fresh, and parent.json would record it as if it had."""
+  names = [name.removeprefix("params.") for name in _leaves(abstract.params)]
+  if t.init_fresh and not any(re.search(t.init_fresh, name) for name in names):
+    parts = [name.split(".") for name in names]
+    examples = ", ".join(sorted({p[0] + (f".{p[1]}" if len(p) > 1 and p[1].isdigit() else "")
+                                 for p in parts}))
+    raise UserError(f"config.train.init_fresh={t.init_fresh!r} matches none of this run's"
+                    f" parameters, so it would leave none fresh; give a regex on their names"
+                    f" (such as {examples}), or drop it.")
+
+
+def _loads(abstract: TrainState, t: ml_collections.ConfigDict,
+           from_release: bool = False) -> list[str]:
   """The leaves of the state taken from the parent: the parameters not matching
   config.train.init_fresh, and what config.train.init_keep keeps (the optimizer's leaves of
-  the fresh parameters excepted)."""
+  the fresh parameters excepted). A released parent holds no optimizer state: keeping its
+  step keeps the step alone, and `start` sets the schedule's counts to it."""
   keep, schedule = keeps(t), _schedule_leaves(abstract)
   fresh = {name for name in _leaves(abstract.params) if t.init_fresh
            and re.search(t.init_fresh, name)}
   loads = []
   for name in _leaves(abstract):
     if name == "step" or name in schedule:
-      wanted = "step" in keep
+      wanted = "step" in keep and not (from_release and name in schedule)
     elif name.startswith("params."):
       wanted = name.removeprefix("params.") not in fresh
     else:
@@ -249,7 +278,25 @@ def start(trainer, parent: Parent, run_dirs: list[Path]) -> TrainState:
   step's). Sets `trainer.start_step` where the step is kept, and writes parent.json in each
   of `run_dirs` (process 0)."""
   like = _leaves(trainer.run_abstract)
-  loaded = _read(parent, {name: like[name] for name in parent.loads})
+  wanted = {name: like[name] for name in parent.loads}
+  # The steps `of` chose, unless the parent's training has rotated one away since: then the
+  # same config.train.init_checkpoint chooses again among those on disk (the same run's
+  # checkpoints, so the same shapes).
+  chosen = [parent.steps]
+
+  def read():
+    try:
+      return _read(parent._replace(steps=chosen[0]), wanted)
+    except CheckpointRemoved:
+      chosen[0] = _chosen_again(parent, trainer.config)
+      raise
+
+  loaded = read_again_if_removed(read, _field(trainer.config.train))
+  parent = parent._replace(steps=chosen[0])
+  if "step" in parent.loads and released.is_released(parent.workdir):
+    # Its schedule goes on from the release's step, as a run's from its checkpoint's.
+    for name in _schedule_leaves(trainer.run_abstract):
+      loaded[name] = loaded["step"]
   state = jax.jit(_merged, out_shardings=trainer.state_sharding, donate_argnums=0)(
       trainer.new_state(), loaded)
   if "step" in keeps(trainer.config.train):
@@ -278,21 +325,45 @@ def _merged(fresh, loaded: dict):
   return jax.tree_util.tree_map_with_path(take, fresh)
 
 
+def _field(t: ml_collections.ConfigDict) -> str:
+  return f"config.train.init_checkpoint={t.init_checkpoint} of {t.init_from}"
+
+
+def _chosen_again(parent: Parent, config: ml_collections.ConfigDict) -> list[int]:
+  """The steps the parent's checkpoint spec names now."""
+  checkpoints = Checkpoints(parent.workdir, config.checkpoint.keep)
+  try:
+    return _resolve(checkpoints, parent.workdir, parent.checkpoint)
+  finally:
+    checkpoints.close()
+
+
 def _read(parent: Parent, like: dict) -> dict:
   """The leaves `like` names ({name: ShapeDtypeStruct with its sharding}) of the parent's
-  steps, read alone (the others are not read), averaged where several."""
+  steps, read alone (the others are not read), averaged where several; a step that the
+  parent's training removes meanwhile is `CheckpointRemoved` (`Checkpoints.guarded`)."""
+  checkpoints = Checkpoints(parent.workdir, 1)
+  try:
+    return _averaged(parent, like, checkpoints)
+  finally:
+    checkpoints.close()
+
+
+def _averaged(parent: Parent, like: dict, checkpoints: Checkpoints) -> dict:
   total = {}
   for step in parent.steps:
     path = parent.workdir / workdirs.CHECKPOINTS / str(step) / "default"
     handler = ocp.PyTreeCheckpointHandler()
+
+    def restore(path=path, handler=handler):
+      metadata = dict(ocp.StandardCheckpointHandler().metadata(path))
+      target = jax.tree_util.tree_map_with_path(
+          lambda p, _: like.get(match.leaf_name(p), ocp.PLACEHOLDER), metadata)
+      args = jax.tree.map(lambda x: x if x is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(
+          sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+      return _leaves(handler.restore(path, args=ocp.args.PyTreeRestore(target, args)))
     try:
-      with quiet():
-        metadata = dict(ocp.StandardCheckpointHandler().metadata(path))
-        target = jax.tree_util.tree_map_with_path(
-            lambda p, _: like.get(match.leaf_name(p), ocp.PLACEHOLDER), metadata)
-        args = jax.tree.map(lambda x: x if x is ocp.PLACEHOLDER else ocp.ArrayRestoreArgs(
-            sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
-        read = _leaves(handler.restore(path, args=ocp.args.PyTreeRestore(target, args)))
+      read = checkpoints.guarded(step, restore)
     finally:
       handler.close()
     for name in like:
