@@ -3,7 +3,8 @@
 The folders are layers, in the order data flows; each imports only the layers above it in
 this list (tests/test_structure.py checks it, from each package's "May import:" line):
 
-  errors.py, config.py  what every layer shares: one-line user errors, the run config
+  errors.py, config.py  what every layer shares: one-line user errors, the run config,
+  registry.py           the registries of named parts, and the run's own files that add to them
   runtime/              the process: signals, host memory, compilation
   data/                 corpora, SentencePiece, batches, text files
   models/               the Transformer and the attentional RNN behind one interface

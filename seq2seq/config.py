@@ -39,21 +39,25 @@ def base_config() -> ml_collections.ConfigDict:
   # Transformer: key/value heads, each shared by num_heads / num_kv_heads query heads (1:
   # multi-query, Shazeer 2019; between: grouped-query, Ainslie et al. 2023); 0 = num_heads.
   m.num_kv_heads = 0
-  # Transformer: where word order enters (models.positions.POSITIONS): added "sinusoidal" or
-  # "learned" vectors, or inside self-attention "relative" (Shaw et al. 2018), "rope" (Su et
-  # al. 2021) or "alibi" (Press et al. 2022).
+  # Transformer: where word order enters (models.positions.POSITIONS): "sinusoidal", "learned",
+  # "none", or in self-attention "relative" (Shaw 2018), "rope" (Su 2021), "alibi" (Press 2022;
+  # symmetric in the encoder) or "alibi_directional" (a slope for each side).
   m.positions = "sinusoidal"
   m.max_relative_distance = 16  # `relative` positions: distances clipped to +-K (Shaw et al.).
+  m.decoder_positions = ""  # Transformer: the decoder's ("none": Kazemnejad 2023; "": the same).
+  m.qk_norm = False  # Transformer: unit queries and keys, a learned scale (Henry et al. 2020).
+  m.qk_norm_scale = 0.0  # QK-norm's initial scale; 0: log2(L^2 - L) for L = max_len (theirs).
+  m.attention_gate = "none"  # Transformer: sigmoid gate, "headwise"/"elementwise" (Qiu 2025).
   # What turns scores into weights (models.normalizers.NORMALIZERS): "softmax", "sparsemax"
-  # (Martins & Astudillo 2016), "entmax15" (Peters et al. 2019), "entmax_bisect" (alpha below)
-  # or "entmax_learned" (an alpha per head, learned from the one below: Correia et al. 2019).
+  # (Martins & Astudillo 2016), "entmax15" (Peters et al. 2019), "entmax_bisect" (alpha below),
+  # "entmax_learned" (Correia et al. 2019) or "sigmoid" (Ramapuram et al. 2025).
   m.attention_normalizer = "softmax"
   m.entmax_alpha = 1.5  # `entmax_bisect`: alpha > 1 (2: sparsemax; towards 1: softmax).
   m.num_encoder_layers = 3  # Encoder blocks.
   m.num_decoder_layers = 3  # Decoder blocks.
   m.mlp_dim = 1024  # Hidden width of each feed-forward block.
   m.dropout_rate = 0.1  # Dropout on embeddings, sublayer outputs and MLP hidden.
-  m.attention_dropout_rate = 0.0  # Dropout on attention weights.
+  m.attention_dropout_rate = 0.0  # On attention weights (refused where none are formed).
   m.share_embeddings = True  # One table for source, target and output logits.
   m.pre_ln = True  # Pre-LayerNorm blocks (False: post-LN as in Vaswani et al.).
   m.max_len = 256  # Longest source/target sequence (decoding cap; `location` attention span).
@@ -127,7 +131,7 @@ def _train_defaults() -> ml_collections.ConfigDict:
   t.steps_per_call = 1
   t.log_every_steps = 50  # Training metrics to metrics.jsonl / TensorBoard.
   t.patience = 0  # Stop after N evaluations without a better validation BLEU (0 = never).
-  # Extensions chosen by name, none by default (docs/extending.md; checked by the driver):
+  t.extensions = ""  # Own .py files or modules of entries chosen by name (docs/extending.md).
   t.loss_terms = ""  # Loss terms added to the objective: "name:weight,..." (e.g. "z_loss:1e-4").
   t.actions = ""  # Loop actions run after the built-in ones: "name,..." (e.g. "param_norm").
   # Start from a parent run (docs/training.md, "Starting from another run"; checked in
@@ -295,8 +299,9 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       "compile.threads": config.compile.threads, "data.subword_sampling": d.subword_sampling,
   }
   for name, value in non_negative.items():
-    if value < 0:
-      raise UserError(f"config.{name}={value} must not be negative.")
+    if not value >= 0:  # Also NaN, which no comparison holds for.
+      raise UserError(f"config.{name}={value} " + ("must not be negative." if value < 0 else
+                                                   "is not a number; give one of 0 or more."))
   if not m.entmax_alpha > 1.0:
     raise UserError(f"config.model.entmax_alpha={m.entmax_alpha} must be above 1 (1.5: entmax15,"
                     " 2: sparsemax).")

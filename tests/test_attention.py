@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from seq2seq import config as config_lib
+from seq2seq import models
 from seq2seq.models import attention, build_model, masks
 
 KEY_IDS = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]])  # PAD = 0
@@ -45,8 +46,11 @@ def test_weights_sum_to_one_and_are_zero_where_masked(name, causal):
   allowed = np.broadcast_to(np.asarray(mask.dense(6)), weights.shape)
   assert np.all(weights[~allowed] == 0.0)
   real_query = np.asarray(KEY_IDS != 0)[:, None, :]  # padding queries may see nothing
+  # Differential attention's rows are two maps of one each, the second times lambda.
+  total = (1.0 - float(mha.score_params.strength())
+           if isinstance(mha.score_params, attention.DifferentialParams) else 1.0)
   np.testing.assert_allclose(weights.sum(-1)[np.broadcast_to(real_query, weights.shape[:3])],
-                             1.0, rtol=1e-5)
+                             total, rtol=1e-5)
   if causal:
     assert np.all(np.triu(weights[:, :, :, :], k=1) == 0.0)
 
@@ -203,12 +207,16 @@ def test_a_variant_with_its_own_hyperparameter_has_it_bound_from_the_config(monk
   from seq2seq.models import transformer
 
   tempered = attention.Variant(
-      attention._no_params, attention._keys_as_they_are,
+      attention.no_params, attention.keys_as_they_are,
       lambda query, keys, values, mask, params, attention_temperature: attention.attend(
           attention.SCORES["scaled_dot"], query / attention_temperature, keys, values,
           mask.dense(query.shape[2]), params),
       hyperparameters=("attention_temperature",))
   monkeypatch.setitem(attention.VARIANTS, "tempered", tempered)
+  config = config_lib.base_config()
+  with config.model.unlocked():
+    config.model.attention, config.model.attention_temperature = "tempered", 2.0
+  models.check_config(config)  # As a command checks it: the Transformer takes it.
   base = config_lib.base_config().model
   x = jax.random.normal(jax.random.key(1), (B, 6, base.emb_dim))
   mask = masks.padding_mask(KEY_IDS)

@@ -1,7 +1,9 @@
 """What each row and column of every attention shown stands for (`alignment.labels`): a row of
 the decoder's self-attention sees `<s>` and the outputs before its own, and a source the RNN
 read reversed is shown in the order of its words, in the pictures, the server's answers and
-the word links alike. Untrained tiny models, a hand-made vocabulary."""
+the word links alike; and what makes the weights that the server sends beside them
+(differential attention's two maps, a gated output's gates). Untrained tiny models, a
+hand-made vocabulary."""
 
 import types
 
@@ -66,6 +68,7 @@ def test_a_decoder_row_sees_bos_and_the_outputs_before_its_own(tiny_config):
   """The server's answer labels every kind by `labels`; a decoder row puts its weight on
   `<s>` and the outputs before its own, the first row all of it on `<s>`."""
   found = served(translator(tiny_config))  # The Transformer: all three kinds.
+  assert "maps" not in found and "gates" not in found  # Neither differential nor gated.
   expected = alignment.labels(Pieces().pieces, Pieces().encode(SOURCE), OUT)
   assert (found["target"], found["source"]) == expected["cross"]
   assert found["target_inputs"] == expected["decoder"][1] == ["<s>", "▁w11", "▁w12", "▁w13"]
@@ -135,3 +138,81 @@ def test_a_run_without_attention_is_refused_its_picture_not_drawn_blank(tiny_con
       " draw; pass the --workdir of a run trained with attention (any config.model.attention"
       " but none).")
   assert not out.exists()
+
+
+# The server's names for each kind of attention, and the model's stack of that kind's layers'
+# attention modules.
+STACKS = {"weights": lambda m: [layer.cross_attention for layer in m.decoder_layers],
+          "encoder": lambda m: [layer.self_attention for layer in m.encoder_layers],
+          "decoder": lambda m: [layer.self_attention for layer in m.decoder_layers]}
+
+
+def test_a_differential_runs_answer_holds_its_two_maps_and_lambda(tiny_config):
+  """Beside each kind of weights, the server sends differential attention's two softmax maps,
+  each row summing to 1, and each layer's lambda (the model's, `DifferentialParams.strength`):
+  the weights are map1 - lambda map2 (to the 4 decimals sent). The API's model keeps them, as
+  `lambda`; nothing else counts them as weights (`zero_shares`)."""
+  from seq2seq.serve.app import Attention
+
+  tiny_config.model.attention = "differential"
+  tiny_config.model.num_encoder_layers = tiny_config.model.num_decoder_layers = 2
+  run = translator(tiny_config)
+  found = served(run)
+  model = nnx.merge(run.graphdef, run.params)
+  assert set(found["maps"]) == set(STACKS) and "gates" not in found
+  negative = 0
+  for name, stack in STACKS.items():
+    weights, maps = np.asarray(found[name]), found["maps"][name]
+    map1, map2, lam = np.asarray(maps["map1"]), np.asarray(maps["map2"]), maps["lambda"]
+    assert map1.shape == map2.shape == weights.shape and len(lam) == weights.shape[0] == 2
+    np.testing.assert_allclose(lam, [float(a.score_params.strength()) for a in stack(model)],
+                               atol=1e-4)
+    np.testing.assert_allclose(map1.sum(-1), 1.0, atol=1e-3)
+    np.testing.assert_allclose(map2.sum(-1), 1.0, atol=1e-3)
+    np.testing.assert_allclose(weights, map1 - np.asarray(lam)[:, None, None, None] * map2,
+                               atol=2e-4)
+    negative += int(np.sum(weights < 0))
+  assert negative > 0  # The weights the explorer draws on a signed scale.
+  sent = Attention.model_validate(found).model_dump(by_alias=True, exclude_none=True)
+  assert sent["maps"]["weights"]["lambda"] == found["maps"]["weights"]["lambda"]
+  assert set(alignment.zero_shares(run, [SOURCE], ["▁w11 ▁w12 ▁w13"], batch=2)) == {
+      "cross", "encoder", "decoder"}
+
+
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+def test_a_gated_runs_answer_holds_each_heads_gate_per_row(tiny_config, gate):
+  """A gated run's answer holds the gate on each head's output per layer, head and row (its
+  query), `[layers][heads][rows]`, between 0 and 1; a model without a gate or differential
+  attention gives the three kinds alone (and the server sends neither: the test above)."""
+  tiny_config.model.attention_gate, tiny_config.model.attention_normalizer = gate, "sigmoid"
+  found = served(translator(tiny_config))
+  assert set(found["gates"]) == set(STACKS) and "maps" not in found
+  for name in STACKS:
+    gates, weights = np.asarray(found["gates"][name]), np.asarray(found[name])
+    assert gates.shape == weights.shape[:3] and np.all((gates > 0) & (gates < 1))
+  plain = tiny_config.copy_and_resolve_references()
+  plain.model.attention_gate, plain.model.attention_normalizer = "none", "softmax"
+  src, tgt = jnp.asarray([[5, 6, EOS_ID]]), jnp.asarray([[BOS_ID, 11]])
+  assert list(build_model(plain, VOCAB).attention_weights(src, tgt)) == ["cross", "encoder",
+                                                                          "decoder"]
+
+
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+def test_the_gate_sent_is_the_sigmoid_of_the_input_per_head(gate):
+  """`MultiHeadAttention`'s parts: the gate, `sigmoid(x W)` per head (Qiu et al. 2025), as
+  `[batch, heads, q, 1]`, an element-wise gate's mean over the head's features; computed here
+  in numpy from the layer's weights."""
+  from seq2seq.models import attention, masks
+
+  mha = attention.MultiHeadAttention(16, 2, attention="scaled_dot", dropout_rate=0.0,
+                                     rngs=nnx.Rngs(0), gate=gate)
+  x = np.random.default_rng(0).normal(size=(2, 3, 16)).astype(np.float32)
+  mask = masks.padding_mask(jnp.asarray([[5, 6, 3], [5, 3, 0]]))
+  out, parts = mha(jnp.asarray(x), *mha.project_kv(jnp.asarray(x)), mask, return_weights=True,
+                   return_parts=True)
+  sigmoid = 1 / (1 + np.exp(-(x.astype(np.float64) @ np.asarray(mha.gate.kernel[...]))))
+  per_head = sigmoid.reshape(2, 3, 2, -1).transpose(0, 2, 1, 3)  # [batch, heads, q, 1 or d]
+  assert set(parts) == {"weights", "gate"} and parts["gate"].shape == (2, 2, 3, 1)
+  np.testing.assert_allclose(parts["gate"], per_head.mean(-1, keepdims=True), atol=1e-6)
+  np.testing.assert_allclose(out, mha(jnp.asarray(x), *mha.project_kv(jnp.asarray(x)), mask),
+                             atol=1e-6)

@@ -99,7 +99,7 @@ def workspace(tmp_path_factory):
   """A directory to run the manual in, as a user's checkout: configs/, data/ and docs/, an input
   file (in.en), and the runs the commands train (runs/)."""
   home = tmp_path_factory.mktemp("manual")
-  for name in ("configs", "data", "scripts", "docs"):
+  for name in ("configs", "data", "scripts", "docs", "examples"):
     (home / name).symlink_to(ROOT / name)
   (home / "in.en").write_text("A dog runs on the beach.\nTwo men play football.\n")
   return home

@@ -109,6 +109,12 @@ def train_with(workdir, **fields):
   loop.train_and_evaluate(c, workdir)
 
 
+def own_file(tmp, code: str) -> str:
+  """A run's own Python file (config.train.extensions) holding `code`: its path."""
+  (tmp / "mine.py").write_text(code, encoding="utf-8")
+  return str(tmp / "mine.py")
+
+
 def corpus_dir(tmp, files: dict[str, bytes]):
   """A local corpus directory holding `files` (name -> bytes), with valid val/test splits."""
   directory = tmp / "corpus"
@@ -338,12 +344,24 @@ CASES = [
      lambda r, t, v: train_with(t / "new", train__actions="param_norm,lr_finder"),
      "config.train.actions='param_norm,lr_finder': 'lr_finder' is not a registered loop action;"
      " the registered ones are: param_norm (docs/extending.md adds one)."),
+    ("missing extension file",
+     lambda r, t, v: train_with(t / "new", train__extensions=f"{t}/mine.py"),
+     "config.train.extensions='{tmp}/mine.py': {tmp}/mine.py is not a file (a relative path is"
+     " read from the directory the command runs in); give the path of the Python file that"
+     " registers the run's entries, or run the command from the directory it is relative to."),
+    ("extension that raises",
+     lambda r, t, v: train_with(t / "new", train__extensions=own_file(t, "import os\nundefined\n")),
+     "{tmp}/mine.py:2: NameError: name 'undefined' is not defined (raised while importing"
+     " config.train.extensions's {tmp}/mine.py); fix the file."),
     ("unexpanded tilde", lambda r, t, v: train_with("~/seq2seq-test-new"),
      "--workdir=~/seq2seq-test-new starts with '~', which the shell does not expand after '=';"
      " write the path out, e.g. --workdir=" + str(Path("~/seq2seq-test-new").expanduser())
      + "."),
     ("negative test beam", lambda r, t, v: train_with(t / "new", eval__test_beam_size=-1),
      "config.eval.test_beam_size=-1 must not be negative."),
+    ("subword sampling of NaN",
+     lambda r, t, v: train_with(t / "new", data__subword_sampling=float("nan")),
+     "config.data.subword_sampling=nan is not a number; give one of 0 or more."),
     ("attention not of the family",
      lambda r, t, v: train_with(t / "new", model__family="rnn", model__attention="linear"),
      "config.model.attention='linear' is not available for the rnn; use one of: none,"
@@ -361,11 +379,11 @@ CASES = [
     ("attention of the other family", lambda r, t, v: train_with(
         t / "new", model__attention="location"),
      "config.model.attention='location' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local, local_global."),
+     " scaled_dot, dot, general, concat, linear, local, local_global, differential."),
     ("no attention in a Transformer",
      lambda r, t, v: train_with(t / "new", model__attention="none"),
      "config.model.attention='none' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local, local_global."),
+     " scaled_dot, dot, general, concat, linear, local, local_global, differential."),
     ("an attention by its paper's name", lambda r, t, v: train_with(
         t / "new", model__family="rnn", model__attention="bahdanau"),
      "config.model.attention='bahdanau' is not available for the rnn; use one of:"
@@ -374,12 +392,12 @@ CASES = [
     ("an attention by its paper's name, capitalized", lambda r, t, v: train_with(
         t / "new", model__attention="Luong"),
      "config.model.attention='Luong' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local, local_global. (Luong et al.'s bilinear"
-     " (general) attention is 'general' here.)"),
+     " scaled_dot, dot, general, concat, linear, local, local_global, differential. (Luong et"
+     " al.'s bilinear (general) attention is 'general' here.)"),
     ("a paper's name for what the family lacks", lambda r, t, v: train_with(
         t / "new", model__attention="sutskever"),  # 'none', which no Transformer takes: no hint.
      "config.model.attention='sutskever' is not available for the transformer; use one of:"
-     " scaled_dot, dot, general, concat, linear, local, local_global."),
+     " scaled_dot, dot, general, concat, linear, local, local_global, differential."),
     ("unknown family", lambda r, t, v: train_with(t / "new", model__family="lstm"),
      "config.model.family='lstm' is not a model family; use one of: transformer, rnn."),
     ("unknown cell", lambda r, t, v: train_with(t / "new", model__rnn_cell="rnn"),
@@ -561,8 +579,9 @@ CASES = [
      lambda r, t, v: comparison.compare_runs(
          [edited_field(r, t, "model", "attention", "location")], t / "new"),
      "{tmp}/copy/config.json: config.model.attention='location' is not available for the"
-     " transformer; use one of: scaled_dot, dot, general, concat, linear, local, local_global;"
-     " was it edited? Put back the run's value, or the file from a copy of the run."),
+     " transformer; use one of: scaled_dot, dot, general, concat, linear, local, local_global,"
+     " differential; was it edited? Put back the run's value, or the file from a copy of the"
+     " run."),
     # Checkpoints.
     ("not a run", lambda r, t, v: evaluate.run_evaluation(t),
      "{tmp} is not a training run (no config.json); pass the --workdir that seq2seq-train"

@@ -126,6 +126,15 @@ REFUSED = {
     "sparsemax": ({"attention_normalizer": "sparsemax"}, "with the softmax only"),
     "entmax15": ({"attention_normalizer": "entmax15"}, "with the softmax only"),
     "alibi": ({"positions": "alibi"}, "CTranslate2 has ALiBi in decoders only"),
+    "alibi_directional": ({"positions": "alibi_directional"},
+                          "CTranslate2 has ALiBi in decoders only"),
+    "none": ({"positions": "none"}, "CTranslate2 has no such positions"),
+    "differential": ({"attention": "differential"},
+                     "CTranslate2 computes dot-product attention only"),
+    "decoder_positions": ({"decoder_positions": "none"}, "one kind of positions"),
+    "qk_norm": ({"qk_norm": True}, "CTranslate2 has no QK-norm"),
+    "headwise": ({"attention_gate": "headwise"}, "no gate on attention's output"),
+    "elementwise": ({"attention_gate": "elementwise"}, "no gate on attention's output"),
 }
 
 

@@ -33,6 +33,20 @@ MODEL_CASES = (
     + [{"attention_normalizer": "entmax15", "attention": "local"},
        {"attention_normalizer": "sparsemax", "positions": "relative", "num_heads": 4,
         "num_kv_heads": 1}]
+    # The attention of 2025: QK-norm beside each dot product, positions and shared heads;
+    # gates; differential attention with rotary positions; sigmoid weights in a window; a
+    # decoder without positions (or other positions than the encoder's).
+    + [{"qk_norm": True, "attention": name} for name in ("scaled_dot", "dot", "local",
+                                                          "local_global")]
+    + [{"qk_norm": True, "positions": "rope"},
+       {"qk_norm": True, "positions": "relative", "num_heads": 4, "num_kv_heads": 2}]
+    + [{"attention_gate": gate} for gate in ("headwise", "elementwise")]
+    + [{"attention_gate": "headwise", "num_heads": 4, "num_kv_heads": 1, "qk_norm": True},
+       {"attention": "differential", "positions": "rope"},
+       {"attention": "differential", "attention_gate": "headwise"},
+       {"attention_normalizer": "sigmoid", "attention": "local"}]
+    + [{"decoder_positions": "none"}, {"positions": "rope", "decoder_positions": "none"},
+       {"positions": "relative", "decoder_positions": "learned"}]
 )
 
 
@@ -43,7 +57,10 @@ CORE = ([case for case in MODEL_CASES[:len(TRANSFORMER_VARIANTS) + 1]]
         + [{"positions": name} for name in POSITIONS if name != "sinusoidal"]
         + [{"num_heads": 4, "num_kv_heads": 1}, {"attention_normalizer": "entmax15"},
            {"attention_normalizer": "entmax_learned"},
-           {"positions": "rope", "attention": "local_global"}])
+           {"positions": "rope", "attention": "local_global"},
+           {"qk_norm": True, "positions": "rope"}, {"attention_gate": "headwise"},
+           {"attention_gate": "elementwise"}, {"attention": "differential", "positions": "rope"},
+           {"positions": "rope", "decoder_positions": "none"}])
 
 
 def _case_id(case):

@@ -46,6 +46,22 @@ def test_rope_turns_the_first_pair_by_the_position():
   np.testing.assert_allclose(turned[0, 0, 0], [np.cos(3.0), 0.0, np.sin(3.0), 0.0], atol=1e-6)
 
 
+def test_rope_turns_every_pair_at_su_et_als_frequency():
+  """Pair i (features i and i + d/2, GPT-NeoX's pairing) turns by position * 10000^(-2i/d)
+  (Su et al., 2021, eq. 15), written out here for each pair of a d = 16 head: a wrong base,
+  exponent or pairing fails, as the two tests above would not see."""
+  d, position = 16, 11
+  x = np.asarray(jax.random.normal(jax.random.key(3), (d,)), np.float64)
+  turned = np.asarray(positions.rotary(jnp.asarray(x, jnp.float32)[None, None, None],
+                                       jnp.array([[position]])))[0, 0, 0]
+  expected = np.empty(d)
+  for i in range(d // 2):
+    theta = position * 10000.0 ** (-2 * i / d)
+    expected[i] = x[i] * np.cos(theta) - x[i + d // 2] * np.sin(theta)
+    expected[i + d // 2] = x[i + d // 2] * np.cos(theta) + x[i] * np.sin(theta)
+  np.testing.assert_allclose(turned, expected, rtol=1e-5, atol=1e-5)
+
+
 def _layer(position: str, num_heads=2, num_kv_heads=0, **hyperparameters):
   return attention.MultiHeadAttention(8, num_heads, attention="scaled_dot", dropout_rate=0.0,
                                       rngs=nnx.Rngs(params=0), num_kv_heads=num_kv_heads,
@@ -92,7 +108,8 @@ def test_alibi_subtracts_the_slope_times_the_distance():
 
 
 @pytest.mark.parametrize("position, mirrored", [("alibi", True), ("rope", False),
-                                                  ("sinusoidal", False)])
+                                                  ("sinusoidal", False),
+                                                  ("alibi_directional", False)])
 def test_only_alibi_cannot_tell_a_sentence_from_its_reverse(tiny_config, position, mirrored):
   """ALiBi's encoder bias is -m_h |i - j|, the same on both sides, and cross-attention takes no
   positions: a source whose tokens are reversed gives the reversed encoder states, and so the
@@ -106,6 +123,83 @@ def test_only_alibi_cannot_tell_a_sentence_from_its_reverse(tiny_config, positio
   same_logits = np.allclose(model.decode(forward, tgt_in), model.decode(backward, tgt_in),
                             atol=1e-5)
   assert same_states == same_logits == mirrored
+
+
+# Press et al.'s slopes written out (section 3): 4 heads 2^-2, 2^-4, 2^-6, 2^-8; 3 heads the
+# two of 2 heads (2^-4, 2^-8), then the first of 4 heads' (2^-2).
+PAPER_SLOPES = {4: [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8], 3: [2.0**-4, 2.0**-8, 2.0**-2]}
+
+
+@pytest.mark.parametrize("num_heads", sorted(PAPER_SLOPES))
+def test_directional_alibi_has_the_papers_slopes_on_the_left_and_mirrored_on_the_right(
+    num_heads):
+  """Head h: -m_h (i - j) for a key j left of query i, -m_(H-1-h) (j - i) for one to its
+  right; positions as a packed row's (restarting at each sentence), written as loops."""
+  m = PAPER_SLOPES[num_heads]
+  pos = np.array([0, 1, 2, 3, 4, 0, 1, 2])
+  relative = jnp.asarray(pos[None, None, :] - pos[None, :, None])
+  bias = np.asarray(positions.alibi_directional_bias(None, relative, None, num_heads))
+  assert bias.shape == (1, num_heads, 8, 8)
+  for h in range(num_heads):
+    for i in range(8):
+      for j in range(8):
+        d = int(pos[j] - pos[i])
+        expected = -m[h] * -d if d < 0 else -m[num_heads - 1 - h] * d
+        np.testing.assert_allclose(bias[0, h, i, j], expected, rtol=1e-6, atol=0)
+  # Every head but a middle one (of an odd number) tells left from right.
+  for h in range(num_heads):
+    symmetric = np.allclose(bias[0, h, :5, :5], bias[0, h, :5, :5].T)
+    assert symmetric == (2 * h + 1 == num_heads)
+
+
+def test_directional_alibi_is_the_papers_causal_alibi_in_the_decoder(tiny_config):
+  """Left of the query (all a decoder sees) the bias is `alibi`'s, bit for bit; a model with
+  each, from the same seed, decodes the same memory to the same logits, and encodes
+  differently."""
+  relative = jnp.arange(9)[None, None, :] - jnp.arange(9)[None, :, None]
+  causal = np.tril(np.ones((9, 9), bool))
+  for heads in (1, 2, 3, 4, 8):
+    directional = positions.alibi_directional_bias(None, relative, None, heads)
+    symmetric = positions.alibi_bias(None, relative, None, heads)
+    np.testing.assert_array_equal(np.asarray(directional)[..., causal],
+                                  np.asarray(symmetric)[..., causal])
+  tiny_config.model.update(num_heads=4, num_decoder_layers=2)
+  built = {}
+  for name in ("alibi", "alibi_directional"):
+    tiny_config.model.positions = name
+    built[name] = build_model(tiny_config, VOCAB)
+  memory = built["alibi"].encode(SRC)
+  tgt_in = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])
+  np.testing.assert_array_equal(built["alibi_directional"].decode(memory, tgt_in),
+                                built["alibi"].decode(memory, tgt_in))
+  assert not np.allclose(built["alibi_directional"].encode(SRC).encoded, memory.encoded)
+
+
+def _reversal_change(config, position: str) -> float:
+  """How much reversing a sentence's words (its EOS kept last) moves the decoder's
+  log-probabilities, relative to how far they are from uniform, at fresh parameters."""
+  config.model.positions = position
+  model = build_model(config, VOCAB)
+  forward = jnp.array([[5, 6, 7, 8, 9, 10, 11, 3]])
+  backward = jnp.array([[11, 10, 9, 8, 7, 6, 5, 3]])
+  tgt_in = jnp.array([[2, 12, 13, 14, 15]])
+  a, b = (jax.nn.log_softmax(model.decode(model.encode(src), tgt_in)) for src in (forward,
+                                                                                  backward))
+  return float(jnp.abs(a - b).mean() / jnp.abs(a - a.mean(-1, keepdims=True)).mean())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_directional_alibi_tells_a_sentence_from_its_reverse_as_rope_does(tiny_config, seed):
+  """Reversing the words (EOS kept last) moves the logits of a `rope` model; `alibi`'s
+  symmetric encoder bias sees only where EOS went, `alibi_directional` sees every word's
+  side. Four heads (the recipe's; slopes 1/4 .. 1/256): with configs/tiny.py's two, the
+  slopes are 1/16 and 1/256, and fresh weights hardly feel any distance."""
+  tiny_config.model.num_heads = 4
+  tiny_config.train.seed = seed
+  change = {name: _reversal_change(tiny_config, name)
+            for name in ("rope", "alibi", "alibi_directional")}
+  assert change["alibi_directional"] > change["rope"] / 3, change
+  assert change["alibi_directional"] > 1.5 * change["alibi"], change
 
 
 def test_shared_key_value_heads_equal_repeated_heads():
@@ -177,14 +271,19 @@ def head_distance_bias(query, relative, params, num_heads):
 
 
 def test_a_new_position_entry_decodes_as_it_trains(monkeypatch, tiny_config):
-  """docs/extending.md, "Positions": the example entry, registered, steps as it teacher-forces,
-  and its bias reaches the scores."""
+  """docs/extending.md, "Positions": the example entry, registered, passes check_config as a
+  command checks it (and beside another attention is refused in one line), steps as it
+  teacher-forces, and its bias reaches the scores."""
   monkeypatch.setitem(POSITIONS, "t5_bias", positions.Positions(
       init=lambda num_heads, head_dim, rngs, max_relative_distance: HeadDistanceBias(
           num_heads, max_relative_distance, rngs),
       bias=head_distance_bias, attention=("scaled_dot",),
       hyperparameters=("max_relative_distance",)))
-  tiny_config.model.update(positions="t5_bias", max_relative_distance=2)
+  tiny_config.model.update(positions="t5_bias", max_relative_distance=2, attention="dot")
+  with pytest.raises(UserError, match="'t5_bias' works inside scaled_dot attention, not 'dot'"):
+    check_config(tiny_config)
+  tiny_config.model.attention = "scaled_dot"
+  check_config(tiny_config)
   model = build_model(tiny_config, VOCAB)
   tgt = jnp.array([[2, 11, 12, 13, 14], [2, 15, 16, 0, 0]])
   assert_stepping_matches_decode(model, SRC, tgt)

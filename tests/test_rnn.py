@@ -59,7 +59,7 @@ def test_a_sparse_normalizer_steps_as_it_teacher_forces(tiny_config, name, norma
   assert_stepping_matches_decode(model, SRC, TGT, all_positions=True)
   weights = np.asarray(model.attention_weights(SRC, TGT)["cross"])[0, :, 0]
   assert np.all(weights[np.broadcast_to(np.asarray(SRC == 0)[:, None, :], weights.shape)] == 0)
-  if name != "local_p":
+  if name != "local_p" and normalizers.NORMALIZERS[normalizer].sums_to_one:
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
 
 
@@ -97,7 +97,7 @@ def test_bahdanau_scores_with_the_previous_state(tiny_config):
   model = build_model(rnn_config(tiny_config, attention="concat"), VOCAB)
   memory = model.encode(SRC)
   weights = model.attention_weights(SRC, TGT)["cross"][0, :, 0]
-  s0 = rnn._hidden(memory.initial[-1])[:, None, None, :]  # [b, 1 head, 1 query, hidden]
+  s0 = rnn.hidden_of(memory.initial[-1])[:, None, None, :]  # [b, 1 head, 1 query, hidden]
   _, expected = attention.attend(attention.SCORES["concat"], s0, memory.keys,
                                  memory.encoded[:, None], memory.src_mask.dense(1),
                                  model.score_params)

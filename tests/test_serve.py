@@ -3,6 +3,7 @@ and seq2seq-translate, a load of concurrent clients, and the explorer page in a 
 browser (Debian's chromium, driven by Playwright)."""
 
 import concurrent.futures
+import contextlib
 import functools
 import io
 import json
@@ -129,6 +130,9 @@ def test_runs_are_named_by_their_folders_and_described(client, names):
                                                                     [1, 3])
   assert answer["runs"][1]["beams"] == [1] and first["max_subwords"] == MAX_SUBWORDS
   assert first["attention_described"] == "scaled_dot attention"  # The defaults: no more.
+  # What the explorer's legends read: softmax weights sum to one; no gate.
+  assert (first["attention_normalizer"], first["weights_sum_to_one"],
+          first["attention_gate"]) == ("softmax", True, "none")
   assert answer["limits"] == {"max_lines": 50, "max_chars": 200}
 
 
@@ -144,8 +148,14 @@ def test_a_runs_attention_is_named_with_each_setting_that_is_not_the_default():
   assert attention_described(m) == "scaled_dot attention, rope positions, 2 key/value heads"
   m.num_kv_heads = m.num_heads  # One per query head, as 0 says.
   assert attention_described(m) == "scaled_dot attention, rope positions"
+  m.qk_norm, m.attention_gate, m.decoder_positions = True, "headwise", "none"
+  assert attention_described(m) == ("scaled_dot attention, rope positions, QK-norm, headwise"
+                                    " output gate, none positions in the decoder")
+  m.qk_norm, m.attention_gate, m.decoder_positions = False, "none", "rope"  # The encoder's.
+  assert attention_described(m) == "scaled_dot attention, rope positions"
   m.family, m.attention, m.attention_normalizer = "rnn", "general", "sparsemax"
   m.positions, m.num_kv_heads = "sinusoidal", 0  # As models.check_config holds the RNN.
+  m.decoder_positions = ""
   assert attention_described(m) == "general attention, sparsemax normalizer"
 
 
@@ -662,27 +672,46 @@ BROWSER_SUBWORDS = 63  # The session run's longest (config.model.max_len less EO
 
 
 @pytest.fixture(scope="module")
-def explorer(runs, names):
-  """The explorer in Debian's chromium at 1400x900, over a server of two runs of one
-  vocabulary that differ (the run at its last checkpoint, its copy at its first), each
-  serving sentences as long as FORTY."""
+def browser():
+  """Debian's chromium, driven by Playwright: one for the module's explorers (Playwright's
+  sync API runs one instance at a time)."""
   if _chromium() is None:
     pytest.skip("no browser: apt-get install chromium")
   from playwright.sync_api import sync_playwright
 
+  with sync_playwright() as p:
+    browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+    try:
+      yield browser
+    finally:
+      browser.close()
+
+
+@pytest.fixture(scope="module")
+def explorer(browser, runs, names):
+  """The explorer in Debian's chromium at 1400x900, over a server of two runs of one
+  vocabulary that differ (the run at its last checkpoint, its copy at its first), each
+  serving sentences as long as FORTY."""
   served = [ServedRun(names[0], runs[0], "latest", [1], 0.6, BATCH, BROWSER_SUBWORDS),
             ServedRun(names[1], runs[1], "2", [1], 0.6, BATCH, BROWSER_SUBWORDS)]
+  with _browser_over(browser, served) as explorer:
+    yield explorer
+
+
+@contextlib.contextmanager
+def _browser_over(browser, served):
+  """A page of `browser` at 1400x900 on the explorer over the `served` runs, compiled first:
+  (page, its server's URL, a test client of the same server)."""
   for run in served:
     run.compile_ahead()
   engine = Engine(served, Limits(max_lines=4, max_chars=400)).start()
   client = TestClient(create_app(engine))
-  with serving_in_background(client.app) as url, sync_playwright() as p:
-    browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+  with serving_in_background(client.app) as url:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
       yield page, url, client
     finally:
-      browser.close()
+      page.close()
       engine.close()
 
 
@@ -704,7 +733,8 @@ def _open(page, url, text, *, compare=None, reference=""):
 
 
 def _cells(page, panel):
-  return page.eval_on_selector_all(f"#{panel} table.heatmap td",
+  """The weights of a panel's map (not its gate column), row by row."""
+  return page.eval_on_selector_all(f"#{panel} table.heatmap td:not(.gate)",
                                    "cells => cells.map(c => Number(c.dataset.w))")
 
 
@@ -835,6 +865,20 @@ def _colour_bar(page, panel: str) -> dict:
     legend: bar.querySelector('.about').textContent})""")
 
 
+def _assert_drawn_on_their_bar(page, panel: str) -> np.ndarray:
+  """Every weight cell of `panel` has the colour its colour bar shows at the cell's value, and
+  lies within the bar's range; returns the values."""
+  bar = _colour_bar(page, panel)
+  cells = page.eval_on_selector_all(f"#{panel} table.heatmap td:not(.gate)", """cells =>
+      cells.map(c => [Number(c.dataset.w), getComputedStyle(c).backgroundColor])""")
+  values = np.asarray([w for w, _ in cells])
+  assert bar["low"] <= values.min() and values.max() <= bar["high"]
+  for value, css in cells:
+    np.testing.assert_allclose(_rgb(css), _bar_colour(bar, value), atol=2.5,
+                               err_msg=f"{panel}: {value} on a bar of {bar}")
+  return values
+
+
 def test_each_maps_colour_bar_is_the_scale_its_cells_are_drawn_on(explorer, names):
   """Every cell has the colour its colour bar shows at the cell's value, on each run's map
   (0 to 1: a map whose weights peak at 0.3 is pale, and its bar says so) and on the
@@ -843,15 +887,11 @@ def test_each_maps_colour_bar_is_the_scale_its_cells_are_drawn_on(explorer, name
   _open(page, url, SENTENCES[1], compare="reference", reference=VAL[1][1])
   page.wait_for_selector("#panel-diff table.heatmap")
   for panel in ("panel-a", "panel-b", "panel-diff"):
-    bar = _colour_bar(page, panel)
-    cells = page.eval_on_selector_all(f"#{panel} table.heatmap td", """cells => cells.map(
-        c => [Number(c.dataset.w), getComputedStyle(c).backgroundColor])""")
-    values = np.asarray([w for w, _ in cells])
-    assert bar["low"] <= values.min() and values.max() <= bar["high"]
-    for value, css in cells:
-      np.testing.assert_allclose(_rgb(css), _bar_colour(bar, value), atol=2.5,
-                                 err_msg=f"{panel}: {value} on a bar of {bar}")
+    _assert_drawn_on_their_bar(page, panel)
   assert (_colour_bar(page, "panel-a")["low"], _colour_bar(page, "panel-a")["high"]) == (0, 1)
+  assert _colour_bar(page, "panel-a")["legend"] == "attention weight"  # Rows sum to one.
+  # Neither run is differential or gated: no map picker, no gate column.
+  assert page.is_hidden("#map-label") and not page.query_selector("td.gate")
   assert f"red, A ({names[0]}) attends more; blue, B ({names[1]})" in _colour_bar(
       page, "panel-diff")["legend"]
 
@@ -994,6 +1034,121 @@ def test_the_api_page_renders_the_translate_operation(explorer):
   paths = page.eval_on_selector_all(".opblock-summary-path",
                                     "paths => paths.map(p => p.textContent.trim())")
   assert "/translate" in paths and "Unable to render" not in page.inner_text("body")
+
+
+def _texts(page, selector: str, read: str = "e.textContent") -> list:
+  """`read` (a JavaScript expression of `e`) of each element `selector` finds."""
+  return page.eval_on_selector_all(selector, f"es => es.map(e => {read})")
+
+
+@pytest.fixture(scope="module")
+def explorer_2025(browser, run, tmp_path_factory):
+  """The explorer over two runs of 2025's attention (`_browser_over`), and their names:
+  differential attention with a head-wise output gate (trained 2 steps), and the session's run
+  with sigmoid attention in place of its softmax (the same parameters: a normalizer has
+  none), each serving sentences up to its data.max_len."""
+  from seq2seq.training import loop
+  from tests.helpers import shared_run_config
+
+  root = tmp_path_factory.mktemp("attention_2025")
+  c = shared_run_config(2)
+  c.model.attention, c.model.attention_gate = "differential", "headwise"
+  loop.train_and_evaluate(c, root / "differential")
+  shutil.copytree(run, root / "sigmoid", ignore=shutil.ignore_patterns("eval"))
+  saved = json.loads((root / "sigmoid" / "config.json").read_text(encoding="utf-8"))
+  saved["model"]["attention_normalizer"] = "sigmoid"
+  (root / "sigmoid" / "config.json").write_text(json.dumps(saved), encoding="utf-8")
+  workdirs = [root / "differential", root / "sigmoid"]
+  names = run_names(workdirs)
+  with _browser_over(browser, [ServedRun(name, workdir, "latest", [1], 0.6, BATCH)
+                               for name, workdir in zip(names, workdirs, strict=True)]) as explorer:
+    yield (*explorer, names)
+
+
+@pytest.mark.slow  # Over a minute: trains a differential run, compiles two runs' programs.
+def test_the_explorer_shows_differential_maps_gates_and_weights_that_need_not_sum_to_one(
+    explorer_2025):
+  """A differential run's panel picks map 1, map 2 or its weights map 1 - lambda map 2, drawn
+  on a scale from -1 (red) to 1 (blue) that its legend explains; a gated run's map has a gate
+  column (the head's gate per row) and a line of each head's mean gate; a run whose
+  normalizer's weights need not sum to one says so in its legend, and its exports too."""
+  page, url, client, (differential, sigmoid) = explorer_2025
+  info = {r["name"]: r for r in client.get("/runs").json()["runs"]}
+  assert (info[differential]["attention_gate"], info[differential]["weights_sum_to_one"],
+          info[differential]["attention_described"]) == (
+              "headwise", True, "differential attention, headwise output gate")
+  assert (info[sigmoid]["attention_normalizer"], info[sigmoid]["weights_sum_to_one"]) == (
+      "sigmoid", False)
+  text = "Two dogs play in the snow."
+  api = {name: client.post("/translate", json={"text": [text], "run": name,
+                                               "attention": True}).json()["attention"][0]
+         for name in (differential, sigmoid)}
+  found = api[differential]
+  assert set(found["maps"]) == set(found["gates"]) == {"weights", "encoder", "decoder"}
+  assert "maps" not in api[sigmoid] and "gates" not in api[sigmoid]
+  assert np.abs(np.asarray(api[sigmoid]["weights"]).sum(-1) - 1).max() > 0.01
+  maps = {kind: {part: np.asarray(v) for part, v in found["maps"][kind].items()}
+          for kind in found["maps"]}
+  for kind, field in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
+    lam = maps[field]["lambda"][:, None, None, None]
+    np.testing.assert_allclose(found[field], maps[field]["map1"] - lam * maps[field]["map2"],
+                               atol=2e-4, err_msg=kind)
+  _open(page, url, text)
+  page.wait_for_selector("#panel-b table.heatmap")
+  # The map picker, beside the layer and head: the weights first, then each map.
+  assert page.is_visible("#map-label") and page.input_value("#map") == "difference"
+  assert _texts(page, "#map option", "e.value") == ["difference", "map1", "map2"]
+  lam = found["maps"]["weights"]["lambda"][0]
+  np.testing.assert_allclose(_cells(page, "panel-a"), np.ravel(np.mean(found["weights"][0], 0)),
+                             atol=1e-4)
+  bar = _colour_bar(page, "panel-a")
+  assert (bar["low"], bar["high"]) == (-1, 1)
+  assert bar["legend"] == ("weight = map 1 \u2212 \u03bb\u00b7map 2: blue, positive; red,"
+                           f" negative (a row sums to 1 \u2212 \u03bb, \u03bb {lam:.3f})")
+  assert f"map 1 \u2212 \u03bb\u00b7map 2 (\u03bb {lam:.3f})" in page.inner_text(
+      "#panel-a .shows")
+  # A negative weight is drawn red, as far from clear as a positive one of its size is blue,
+  # never as 0: on the head and kind with the most negative weight.
+  assert page.evaluate("color(-0.5, 'signed')") == "rgba(190, 40, 40, 0.500)"
+  kind, field = min((("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")),
+                    key=lambda k: np.min(found[k[1]]))
+  head = int(np.argmin(np.min(found[field][0], axis=(1, 2)))) + 1
+  page.select_option("#kind", kind)
+  page.select_option("#head", str(head))
+  values = _assert_drawn_on_their_bar(page, "panel-a")
+  assert values.min() < 0 and values.min() == pytest.approx(np.min(found[field][0][head - 1]))
+  page.select_option("#kind", "cross")
+  # The gate column: the head's gate on each target row; a line of every head's mean gate.
+  gates = np.asarray(found["gates"]["weights"][0])  # [heads, target]
+  shown = _texts(page, "#panel-a td.gate", "Number(e.dataset.gate)")
+  np.testing.assert_allclose(shown, gates[head - 1], atol=1e-4)
+  assert len(shown) == len(found["target"]) and not page.query_selector("#panel-b td.gate")
+  means = _texts(page, "#panel-a .gates .gate-value")
+  assert means == [f"{h + 1}: {g:.3f}" for h, g in enumerate(gates.mean(1))]
+  assert page.inner_text("#panel-a .gates .gate-value.current") == means[head - 1]
+  page.select_option("#head", "mean")
+  np.testing.assert_allclose(_texts(page, "#panel-a td.gate", "Number(e.dataset.gate)"),
+                             gates.mean(0), atol=2e-4)
+  # Each map alone: a softmax, on the weights' own scale.
+  for part, name in (("map1", "map 1"), ("map2", "map 2")):
+    page.select_option("#map", part)
+    np.testing.assert_allclose(_cells(page, "panel-a"), np.ravel(maps["weights"][part][0].mean(0)),
+                               atol=1e-4)
+    assert f", {name}, layer 1" in page.inner_text("#panel-a .shows")
+    bar = _colour_bar(page, "panel-a")
+    assert (bar["low"], bar["high"], bar["legend"]) == (0, 1, "attention weight")
+    _assert_drawn_on_their_bar(page, "panel-a")
+  assert _address(page.url)["map"] == "map2"  # The view is a permalink.
+  # Sigmoid attention (B, beside): its weights, whatever the map picked; its legend says they
+  # need not sum to one, and so does its exported figure.
+  np.testing.assert_allclose(_cells(page, "panel-b"), np.ravel(np.mean(api[sigmoid]["weights"][0],
+                                                                        0)), atol=1e-4)
+  legend = _colour_bar(page, "panel-b")["legend"]
+  assert legend == ("attention weight; sigmoid weights need not sum to one: each is between 0"
+                    " and 1 on its own")
+  with page.expect_download() as download:
+    page.click("#panel-b button.export[data-format=SVG]")
+  assert legend in open(download.value.path(), encoding="utf-8").read()
 
 
 @pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.

@@ -26,8 +26,9 @@ from flax import nnx
 from seq2seq import config as config_lib
 from seq2seq.data import batching, corpus, tokenizer
 from seq2seq.data.special_ids import PAD_ID
+from seq2seq.decoding import search
 from seq2seq.errors import UserError
-from seq2seq.models import ATTENTION_BY_FAMILY, build_model
+from seq2seq.models import ATTENTION_BY_FAMILY, build_model, check_config
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.train_state import learning_rate_schedule, make_optimizer, new_train_state
 from seq2seq.runs.workdirs import WorkdirLock
@@ -252,6 +253,43 @@ def test_every_variant_trains_on_tiny(tiny_batches, family, name):
     nll.append(float(metrics["nll"] / metrics["tokens"]))
   assert np.isfinite(nll).all()
   assert np.mean(nll[-3:]) < 0.8 * np.mean(nll[:3]), nll
+
+
+# The attention of 2025 and directional ALiBi, each a switch of config.model; the first in the
+# default run, the rest with -m slow (`differential`, a variant, is in VARIANTS above too).
+SWITCHES = {"qk_norm": {"qk_norm": True}, "headwise": {"attention_gate": "headwise"},
+            "elementwise": {"attention_gate": "elementwise"},
+            "differential": {"attention": "differential", "positions": "rope"},
+            "sigmoid": {"attention_normalizer": "sigmoid"},
+            "decoder_nope": {"decoder_positions": "none"},
+            "alibi_directional": {"positions": "alibi_directional"}}
+
+
+@pytest.mark.parametrize("switch", [
+    pytest.param(name, marks=() if name == "qk_norm" else pytest.mark.slow)
+    for name in SWITCHES])
+def test_each_switch_of_2025_trains_and_translates_greedily_and_with_beams(tiny_batches,
+                                                                          switch):
+  c, vocab, batches = tiny_batches
+  c = copy.deepcopy(c)
+  c.model.update(SWITCHES[switch])
+  check_config(c)
+  model = build_model(c, vocab)
+  graphdef, params = nnx.split(model, nnx.Param)
+  optimizer = make_optimizer(c.train)
+  step = jax.jit(lambda s, b, k: train_step(s, b, k, graphdef=graphdef, optimizer=optimizer,
+                                            train=_settings(0.0)))
+  state = new_train_state(params, optimizer)
+  nll = []
+  for i in range(30):
+    state, metrics = step(state, batches[i % 3], jax.random.key(0))
+    nll.append(float(metrics["nll"] / metrics["tokens"]))
+  assert np.mean(nll[-3:]) < 0.8 * np.mean(nll[:3]), nll
+  nnx.update(model, state.params)
+  src = jnp.asarray(batches[0]["src"][:3])
+  greedy, _ = search.generate(model, src, search.Greedy(), max_len=12)
+  beam_ids, scores = search.generate(model, src, search.Beam(3, 0.6, 2), max_len=12)
+  assert greedy.shape[0] == beam_ids.shape[0] == 3 and np.isfinite(np.asarray(scores)).all()
 
 
 @pytest.mark.slow  # Over ~7 s: the default run stays under 8 minutes.

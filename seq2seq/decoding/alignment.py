@@ -106,6 +106,8 @@ def _zero_counts(params, src, tgt_in, *, graphdef):
   allowed = _allowed(src, tgt_in)
   counts = {}
   for kind, w in weights.items():  # [layers, batch, heads, queries, keys]
+    if kind not in allowed:  # What makes a kind's weights (`<kind>_<part>`), not weights.
+      continue
     mask = jnp.broadcast_to(allowed[kind][None, :, None], w.shape)
     counts[kind] = (mask.sum((1, 2, 3, 4)), (mask & (w == 0)).sum((1, 2, 3, 4)))
   return counts
@@ -199,7 +201,9 @@ class Alignments:
     (ids without EOS, as `Translator.source_ids`), by kind: `cross` `[layers, heads, len(out),
     len(src) + 1]`, and where the model has them `encoder` (`[..., len(src) + 1, len(src) +
     1]`) and `decoder` (`[..., len(out), len(out)]`); and the `[len(out)]` log-probability of
-    each subword of `out`."""
+    each subword of `out`. What makes a kind's weights, where the model gives it
+    (`<kind>_<part>`: `Seq2SeqModel.attention_weights`), comes cut to the kind's queries and
+    keys (a part of one key column keeps it)."""
     src_ids, tgt_in = _inputs(src[:self.translator.config.model.max_len - 1], out)
     n = self._length_for(len(src_ids), len(tgt_in))
     if n is None:
@@ -216,8 +220,11 @@ class Alignments:
         jnp.asarray(padded_out)))
     rows = {"cross": (len(tgt_in), len(src_ids)), "encoder": (len(src_ids), len(src_ids)),
             "decoder": (len(tgt_in), len(tgt_in))}
-    return ({kind: np.asarray(w)[:, :, :rows[kind][0], :rows[kind][1]]
-             for kind, w in weights.items()}, np.asarray(log_probs)[:len(out)])
+    found = {}
+    for kind, w in weights.items():
+      queries, keys = rows[kind.split("_")[0]]
+      found[kind] = np.asarray(w)[:, :, :queries, :keys]
+    return found, np.asarray(log_probs)[:len(out)]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "layer"))

@@ -1,14 +1,18 @@
 """Model families behind one interface (`Seq2SeqModel`, `interface`): the Transformer
 (`transformer`) and the attentional RNN (`rnn`, with Luong's local windows in `local_rnn`),
-built from shared parts: the registries of attention variants (`attention`, whose sub-quadratic
-kernels are in `kernels`), positions (`positions`) and normalizers (`normalizers`), masks
-(`masks`), dropout (`dropout`) and projections (`linear`).
+built from shared parts: the registries of attention variants (`attention`, with its scores in
+`scores`, what it does with heads in `heads`, its sub-quadratic kernels in `kernels` and
+differential attention in `differential`), positions (`positions`) and normalizers
+(`normalizers`), masks (`masks`), dropout (`dropout`), projections (`linear`) and the RNN's
+recurrence (`recurrence`).
 `build_model` picks a family by config, and `check_config` says what a config asks of its
 family that the family cannot do. `export` (imported on its own: it needs the optional
 `[export]` extra) maps a Transformer onto CTranslate2's, and says which configs do not map.
 
 May import: shared, data.
 """
+
+from collections.abc import Iterator, Mapping
 
 import jax.numpy as jnp
 import ml_collections
@@ -21,12 +25,28 @@ from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.models.positions import POSITIONS
 from seq2seq.models.rnn import RNN
 from seq2seq.models.transformer import Transformer
+from seq2seq.registry import import_extensions
 
 # `config.model.family` name -> the class that builds it.
 MODEL_CLASSES: dict[str, type[Seq2SeqModel]] = {"transformer": Transformer, "rnn": RNN}
 FAMILY_NAMES = tuple(MODEL_CLASSES)
-# The `config.model.attention` names each family declares it takes.
-ATTENTION_BY_FAMILY = {name: cls.ATTENTION_NAMES for name, cls in MODEL_CLASSES.items()}
+
+
+class _AttentionByFamily(Mapping):
+  """`config.model.family` name -> the `config.model.attention` names the family declares it
+  takes (its `ATTENTION_NAMES`), read each time: those registered when a command runs."""
+
+  def __getitem__(self, family: str) -> tuple[str, ...]:
+    return MODEL_CLASSES[family].ATTENTION_NAMES
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(MODEL_CLASSES)
+
+  def __len__(self) -> int:
+    return len(MODEL_CLASSES)
+
+
+ATTENTION_BY_FAMILY: Mapping[str, tuple[str, ...]] = _AttentionByFamily()
 
 
 def can_pack(family: str) -> bool:
@@ -48,6 +68,7 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int
     vocab_size: size of the joint SentencePiece vocabulary.
     seed: parameter seed (default: config.train.seed).
   """
+  import_extensions(config.train.get("extensions", ""))  # What they register, the model uses.
   seed = config.train.seed if seed is None else seed
   return MODEL_CLASSES[config.model.family](config.model, vocab_size,
                                             rngs=nnx.Rngs(params=seed),
@@ -59,16 +80,19 @@ def _composition_problem(m: ml_collections.ConfigDict) -> str | None:
   family's declared capabilities and each registry entry's own (`Positions.attention`,
   `Variant.normalizes`), as a one-line message with the fix."""
   cls = MODEL_CLASSES[m.family]
-  if m.positions not in POSITIONS:
-    return (f"config.model.positions={m.positions!r} is not a way of giving positions; use one"
-            f" of: {', '.join(POSITIONS)}.")
-  if m.positions not in cls.POSITION_NAMES:
-    return (f"config.model.positions={m.positions!r} is not available for the {m.family}; use"
-            f" one of: {', '.join(cls.POSITION_NAMES)}.")
-  composes = POSITIONS[m.positions].attention
-  if composes is not None and m.attention not in composes:
-    return (f"config.model.positions={m.positions!r} works inside {', '.join(composes)}"
-            f" attention, not {m.attention!r}; change config.model.attention or positions.")
+  # The decoder's positions, where the config names its own ("": the encoder's).
+  for field in ("positions", "decoder_positions") if m.get("decoder_positions") else ("positions",):
+    name = m[field]
+    if name not in POSITIONS:
+      return (f"config.model.{field}={name!r} is not a way of giving positions; use one"
+              f" of: {', '.join(POSITIONS)}.")
+    if name not in cls.POSITION_NAMES:
+      return (f"config.model.{field}={name!r} is not available for the {m.family}; use"
+              f" one of: {', '.join(cls.POSITION_NAMES)}.")
+    composes = POSITIONS[name].attention
+    if composes is not None and m.attention not in composes:
+      return (f"config.model.{field}={name!r} works inside {', '.join(composes)}"
+              f" attention, not {m.attention!r}; change config.model.attention or {field}.")
   if m.attention_normalizer not in NORMALIZERS:
     return (f"config.model.attention_normalizer={m.attention_normalizer!r} is not a normalizer;"
             f" use one of: {', '.join(NORMALIZERS)}.")
@@ -85,6 +109,12 @@ def _composition_problem(m: ml_collections.ConfigDict) -> str | None:
   if m.num_kv_heads and m.num_kv_heads != m.num_heads and m.attention not in SCORES:
     return (f"config.model.num_kv_heads={m.num_kv_heads} shares key/value heads, which"
             f" {m.attention!r} attention cannot; use one of: {', '.join(SCORES)}, or 0.")
+  # Attention dropout where the attention forms no weights to drop (each entry's declared
+  # `weight_dropout`): it would be ignored.
+  if m.attention_dropout_rate and m.attention not in cls.WEIGHT_DROPOUT:
+    return (f"config.model.attention_dropout_rate={m.attention_dropout_rate}: the {m.family}'s"
+            f" {m.attention!r} attention takes no dropout on its weights; set it to 0, or use"
+            f" one of: {', '.join(cls.WEIGHT_DROPOUT)}.")
   return None
 
 
@@ -94,8 +124,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   it cannot build (`config_problem`), packed rows it or its attention cannot keep apart.
 
   `seq2seq.config.validate` checks the rest, without importing the models; run it first
-  (this reads fields whose types and ranges it checks).
+  (this reads fields whose types and ranges it checks). The run's own Python files
+  (`config.train.extensions`) are imported first, so that the entries they register are read
+  with the package's.
   """
+  import_extensions(config.train.extensions)
   m = config.model
   if m.family not in MODEL_CLASSES:
     raise UserError(f"config.model.family={m.family!r} is not a model family;"

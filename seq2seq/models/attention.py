@@ -1,6 +1,6 @@
 """Attention: score functions picked by name, the normalizer, multi-head attention.
 
-A score is three small functions in the `SCORES` registry:
+A score is three small functions in the `SCORES` registry (`scores`, with `attend`):
   `init(heads, head_dim, max_keys, rngs) -> params` (None when it has none),
   `prepare(keys, params) -> keys'`, applied once per key (so once per source
     sentence, or once per cached target token), and
@@ -16,9 +16,12 @@ score above, and the variants that replace the softmax kernel altogether (`kerne
 positions). Each entry says how it attends, whether it can keep packed sentences apart, and
 what cross-attention uses in its place. A new softmax score is one function and one `SCORES`
 entry; it is then a variant, tested by every test that loops over the registry. Positions
-that act inside self-attention (`positions`) reach it through `MultiHeadAttention`.
+that act inside self-attention (`positions`) reach it through `MultiHeadAttention`, which
+also holds QK-norm and the output gate. What every variant does with heads is in `heads`;
+differential attention, whose two maps replace the softmax's one, in `differential`.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,142 +29,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from seq2seq.models.differential import DifferentialParams, differential_attend
 from seq2seq.models.dropout import Dropout
+from seq2seq.models.heads import (  # noqa: F401
+  dot_score,
+  fold_heads,
+  group_rows,
+  merge_heads,
+  scaled_dot_score,
+  split_heads,
+  unfold_heads,
+  ungroup_rows,
+  unit_length,
+  weighted_sum,
+)
 from seq2seq.models.kernels import linear_attention, local_attention, local_global_attention
 from seq2seq.models.linear import Linear
 from seq2seq.models.masks import Mask
-from seq2seq.models.normalizers import NORMALIZERS, Normalizer, bound, learned_alpha, masked_softmax
+from seq2seq.models.normalizers import NORMALIZERS, Normalizer, bound, learned_alpha, masked_softmax  # noqa: F401
 from seq2seq.models.positions import POSITIONS, Positions
-
-
-class ScoreParams(nnx.Module):
-  """The weights of one score function, as named parameters."""
-
-  def __init__(self, **arrays):
-    for name, value in arrays.items():
-      setattr(self, name, nnx.Param(value))
-
-
-def _normal(rngs, shape, fan_in):
-  return jax.random.normal(rngs.params(), shape) * fan_in**-0.5
-
-
-class Score(NamedTuple):
-  init: Callable[..., ScoreParams | None]
-  prepare: Callable[[jnp.ndarray, Any], jnp.ndarray]
-  score: Callable[[jnp.ndarray, jnp.ndarray, Any], jnp.ndarray]
-
-
-def _no_params(heads, head_dim, max_keys, rngs):
-  del heads, head_dim, max_keys, rngs
-
-
-def _keys_as_they_are(keys, params):
-  del params
-  return keys
-
-
-def dot_score(query, keys, params=None):
-  """Luong et al. (2015), dot: score(h_t, h_s) = h_t . h_s."""
-  del params
-  return jnp.einsum("bhqd,bhkd->bhqk", query, keys)
-
-
-def scaled_dot_score(query, keys, params=None):
-  """Vaswani et al. (2017): q . k / sqrt(d)."""
-  return dot_score(query, keys, params) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-
-
-def general_prepare(keys, params):
-  """W_a h_s, once per key."""
-  return jnp.einsum("bhkd,hed->bhke", keys, params.w[...])
-
-
-def concat_prepare(keys, params):
-  """W_k h_s, once per key: only W_q s changes from step to step."""
-  return jnp.einsum("bhkd,hda->bhka", keys, params.w_key[...])
-
-
-def concat_score(query, keys, params):
-  """Bahdanau et al. (2015), additive: v^T tanh(W_q s + W_k h_s) (keys already W_k h_s)."""
-  q = jnp.einsum("bhqd,hda->bhqa", query, params.w_query[...])
-  hidden = jnp.tanh(q[:, :, :, None, :] + keys[:, :, None, :, :])  # [b, h, q, k, a]
-  return jnp.einsum("bhqka,ha->bhqk", hidden, params.v[...])
-
-
-def location_score(query, keys, params):
-  """Luong et al. (2015), location: a_t = softmax(W_a h_t), from the query alone."""
-  scores = jnp.einsum("bhqd,hdl->bhql", query, params.w[...])
-  return scores[..., :keys.shape[2]]
-
-
-SCORES: dict[str, Score] = {
-    "scaled_dot": Score(_no_params, _keys_as_they_are, scaled_dot_score),
-    "dot": Score(_no_params, _keys_as_they_are, dot_score),
-    "general": Score(
-        lambda h, d, n, rngs: ScoreParams(w=_normal(rngs, (h, d, d), d)),
-        general_prepare, dot_score),
-    "concat": Score(
-        lambda h, d, n, rngs: ScoreParams(w_query=_normal(rngs, (h, d, d), d),
-                                          w_key=_normal(rngs, (h, d, d), d),
-                                          v=_normal(rngs, (h, d), d)),
-        concat_prepare, concat_score),
-    "location": Score(
-        lambda h, d, n, rngs: ScoreParams(w=_normal(rngs, (h, d, n), d)),
-        _keys_as_they_are, location_score),
-}
-
-
-def fold_heads(x: jnp.ndarray, per_key_head: int) -> jnp.ndarray:
-  """`[batch, heads, q, ...]` -> `[batch, kv_heads, per_key_head * q, ...]`: the query heads
-  that share one key/value head (Ainslie et al., 2023: consecutive heads) as one head's rows.
-  A reshape, so keys and values are never copied per query head."""
-  if per_key_head == 1:
-    return x
-  b, h, q = x.shape[:3]
-  return x.reshape(b, h // per_key_head, per_key_head * q, *x.shape[3:])
-
-
-def unfold_heads(x: jnp.ndarray, per_key_head: int) -> jnp.ndarray:
-  """The inverse of `fold_heads`."""
-  if per_key_head == 1:
-    return x
-  b, kv, rows = x.shape[:3]
-  return x.reshape(b, kv * per_key_head, rows // per_key_head, *x.shape[3:])
-
-
-def weighted_sum(weights: jnp.ndarray, values: jnp.ndarray) -> jnp.ndarray:
-  """`sum_k weights[b, h, q, k] values[b, kv(h), k, :]`, where `values` may have fewer heads
-  than `weights` (shared key/value heads)."""
-  per_key_head = weights.shape[1] // values.shape[1]
-  context = jnp.einsum("bhqk,bhkd->bhqd", fold_heads(weights, per_key_head), values)
-  return unfold_heads(context, per_key_head)
-
-
-def attend(score: Score, query, keys, values, mask: jnp.ndarray | None, params=None, *,
-           bias: jnp.ndarray | None = None, normalizer: Callable = masked_softmax):
-  """Scores, masks, normalizes and averages the values.
-
-  Args:
-    score: an entry of `SCORES`.
-    query: `[batch, heads, q, d]`.
-    keys: `[batch, kv_heads, k, d']`, already through `score.prepare`; `kv_heads` divides
-      `heads` (fewer: each key/value head serves `heads / kv_heads` query heads).
-    values: `[batch, kv_heads, k, d_v]`.
-    mask: boolean, broadcastable to `[batch, heads, q, k]`, or None.
-    params: the score's parameters (None for parameter-free scores).
-    bias: added to the scores (positions inside attention), `[batch or 1, heads, q, k]`.
-    normalizer: `(scores, mask) -> weights` (`normalizers.NORMALIZERS`).
-
-  Returns:
-    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
-  """
-  per_key_head = query.shape[1] // keys.shape[1]
-  scores = unfold_heads(score.score(fold_heads(query, per_key_head), keys, params), per_key_head)
-  if bias is not None:
-    scores = scores + bias.astype(scores.dtype)
-  weights = normalizer(scores, mask)
-  return weighted_sum(weights, values), weights
+from seq2seq.models.scores import SCORES, Score, ScoreParams, attend, keys_as_they_are, no_params  # noqa: F401
+from seq2seq.registry import Registry
 
 
 class Variant(NamedTuple):
@@ -170,75 +58,87 @@ class Variant(NamedTuple):
   attend: `(query, prepared keys, values, mask: Mask, params, **hyperparameters) ->
     (context, weights)`; a variant that `normalizes` also takes `normalizer=`, and a
     softmax score `bias=` (positions inside attention, `positions.Positions.bias`).
-  weight_dropout: attention dropout applies to its (softmax) weights.
+  weight_dropout: it takes attention dropout (`config.model.attention_dropout_rate`) on its
+    weights; `check_config` refuses the rate beside a variant that does not (one that never
+    forms the weights its output sums).
+  drops_inside: its `attend` also takes `dropout=`, a function it applies to the weights it
+    sums, before their sum (a kernel that forms the full `[q, k]` weights only for callers that
+    read them); otherwise the weighted sum is taken again from the dropped `[q, k]` weights.
   normalizes: its weights come from a normalizer (`config.model.attention_normalizer`).
   packs: it keeps packed sentences apart (segment ids), so rows may be packed.
   cross: the variant that cross-attention uses instead (None: this one).
   hyperparameters: its own settings, as `attend`'s keyword arguments named after their
     `config.model` fields (`hyperparameters(cfg)` reads them); bound when a layer is built.
+  qk_scale: `head_dim -> s`, where its scores are dot products of queries and keys divided by
+    `s` (QK-norm then scales the query by `s` times its learned scale, so that the scale
+    takes the divisor's place); None: its scores are not, and QK-norm does not apply.
+  layered: `init` also takes `layer=`, the layer's index in its stack from 0.
+  maps: its `attend` also takes `maps=True`, and then returns (context, weights, maps): what
+    its weights are made of, by name, each `[batch, heads, q, k or 1]` (differential
+    attention's two maps and lambda: `differential_attend`), for pictures.
   """
   init: Callable[..., ScoreParams | None]
   prepare: Callable[[jnp.ndarray, Any], jnp.ndarray]
   attend: Callable[..., tuple[jnp.ndarray, jnp.ndarray]]
   weight_dropout: bool = True
+  drops_inside: bool = False
   packs: bool = True
   cross: str | None = None
   hyperparameters: tuple[str, ...] = ()
   normalizes: bool = True
+  qk_scale: Callable[[int], float] | None = None
+  layered: bool = False
+  maps: bool = False
 
 
-def _softmax_variant(score: Score) -> Variant:
+def _softmax_variant(score: Score, qk_scale: Callable[[int], float] | None = None) -> Variant:
   def attend_with_score(query, keys, values, mask: Mask, params, **options):
     return attend(score, query, keys, values, mask.dense(query.shape[2]), params, **options)
-  return Variant(score.init, score.prepare, attend_with_score)
+  return Variant(score.init, score.prepare, attend_with_score, qk_scale=qk_scale)
 
 
-VARIANTS: dict[str, Variant] = {
-    **{name: _softmax_variant(score) for name, score in SCORES.items()},
+def _root(head_dim: int) -> float:
+  """What scaled dot products divide by: sqrt(d)."""
+  return math.sqrt(head_dim)
+
+
+# The scores that are dot products of queries and keys, by what they divide them by.
+_DOT_PRODUCTS: dict[str, Callable[[int], float]] = {"scaled_dot": _root, "dot": lambda d: 1.0}
+
+
+VARIANTS: Registry[str, Variant] = Registry(
+    "attention variant", "config.model.attention", entries={
+    **{name: _softmax_variant(score, _DOT_PRODUCTS.get(name)) for name, score in SCORES.items()},
     "linear": Variant(
-        _no_params, _keys_as_they_are,
+        no_params, keys_as_they_are,
         lambda query, keys, values, mask, params: linear_attention(query, keys, values, mask),
         weight_dropout=False, packs=False, normalizes=False),
     # A window over source positions would not follow the alignment between the two
     # sentences, so cross-attention stays full scaled dot-product attention.
     "local": Variant(
-        _no_params, _keys_as_they_are,
+        no_params, keys_as_they_are,
         lambda query, keys, values, mask, params, attention_window, **options: local_attention(
             query, keys, values, mask, attention_window, **options),
-        weight_dropout=False, cross="scaled_dot", hyperparameters=("attention_window",)),
+        drops_inside=True, cross="scaled_dot", hyperparameters=("attention_window",),
+        qk_scale=_root),
     # The window plus the first `attention_globals` positions, which see and are seen by all.
     "local_global": Variant(
-        _no_params, _keys_as_they_are,
+        no_params, keys_as_they_are,
         lambda query, keys, values, mask, params, attention_window, attention_globals, **options:
         local_global_attention(query, keys, values, mask, attention_window, attention_globals,
                                **options),
-        weight_dropout=False, packs=False, cross="scaled_dot",
-        hyperparameters=("attention_window", "attention_globals")),
-}
-
-
-def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
-  """`[batch, length, heads * d]` -> `[batch, heads, length, d]`."""
-  b, length, _ = x.shape
-  return x.reshape(b, length, num_heads, -1).transpose(0, 2, 1, 3)
-
-
-def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
-  """`[batch, heads, length, d]` -> `[batch, length, heads * d]`."""
-  b, h, length, d = x.shape
-  return x.transpose(0, 2, 1, 3).reshape(b, length, h * d)
-
-
-def _group_rows(x: jnp.ndarray, groups: int) -> jnp.ndarray:
-  """`[batch * groups, heads, q, d]` -> `[batch, heads, groups * q, d]`."""
-  rows, h, q, d = x.shape
-  return x.reshape(rows // groups, groups, h, q, d).swapaxes(1, 2).reshape(-1, h, groups * q, d)
-
-
-def _ungroup_rows(x: jnp.ndarray, groups: int) -> jnp.ndarray:
-  """The inverse of `_group_rows`."""
-  b, h, gq, d = x.shape
-  return x.reshape(b, h, groups, gq // groups, d).swapaxes(1, 2).reshape(-1, h, gq // groups, d)
+        drops_inside=True, packs=False, cross="scaled_dot",
+        hyperparameters=("attention_window", "attention_globals"), qk_scale=_root),
+    # Two maps per head, subtracted. Its output is normalized per head after the weighted sum,
+    # which dropout on the weights would skip; and its weights come from softmaxes only.
+    "differential": Variant(
+        lambda heads, head_dim, max_keys, rngs, layer: DifferentialParams(head_dim, layer, rngs),
+        keys_as_they_are, differential_attend, weight_dropout=False, normalizes=False,
+        layered=True, maps=True),
+})
+# Every softmax score is a variant, those registered later (a user's own: docs/extending.md)
+# too.
+VARIANTS.follows(SCORES, lambda name, score: _softmax_variant(score, _DOT_PRODUCTS.get(name)))
 
 
 def hyperparameters(cfg, attention: str, positions: str | None = None,
@@ -249,6 +149,10 @@ def hyperparameters(cfg, attention: str, positions: str | None = None,
   if positions is not None:
     names += POSITIONS[positions].hyperparameters
   return {field: cfg[field] for field in names}
+
+
+# config.model.attention_gate: none, or Qiu et al.'s gate per head or per feature.
+GATES = ("none", "headwise", "elementwise")
 
 
 class MultiHeadAttention(nnx.Module):
@@ -262,11 +166,18 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, dim: int, num_heads: int, *, attention: str, dropout_rate: float,
                rngs: nnx.Rngs, max_keys: int = 0, dtype: Any = None, num_kv_heads: int = 0,
-               positions: str | None = None, normalizer: str = "softmax", **hyperparameters):
+               positions: str | None = None, normalizer: str = "softmax",
+               qk_norm: bool = False, qk_norm_scale: float = 0.0, gate: str = "none",
+               layer: int = 0, **hyperparameters):
     """`num_kv_heads`: key/value heads, each shared by `num_heads / num_kv_heads` query heads
     (Shazeer, 2019; Ainslie et al., 2023); 0: one per query head. `positions`: a
-    `POSITIONS` entry that acts inside attention (None: none). `hyperparameters`: the
-    variant's, the positions' and the normalizer's own (`hyperparameters(cfg, ...)`)."""
+    `POSITIONS` entry that acts inside attention (None: none). `qk_norm`: queries and keys
+    L2-normalized per head, their dot product scaled by a learned scalar starting at
+    `qk_norm_scale` (0: log2(L^2 - L) for L = `max_keys`; Henry et al., 2020). `gate`:
+    "headwise" or "elementwise", a sigmoid gate from the input `x` on each head's output (Qiu
+    et al., 2025); "none". `layer`: the index in its stack, for variants that depend on it.
+    `hyperparameters`: the variant's, the positions' and the normalizer's own
+    (`hyperparameters(cfg, ...)`)."""
     self.num_heads = num_heads
     self.num_kv_heads = num_kv_heads or num_heads
     # The names (static); `variant`, `position` and `normalize` look them up.
@@ -279,7 +190,8 @@ class MultiHeadAttention(nnx.Module):
                       f" {sorted(hyperparameters)}.")
     self.hyperparameters = tuple(sorted(hyperparameters.items()))  # Static.
     head_dim = dim // num_heads
-    self.score_params = self.variant.init(self.num_kv_heads, head_dim, max_keys, rngs)
+    self.score_params = self.variant.init(self.num_kv_heads, head_dim, max_keys, rngs,
+                                          **({"layer": layer} if self.variant.layered else {}))
     self.position_params = (self.position.init(num_heads, head_dim, rngs,
                                                 **self._options(self.position))
                             if self.position and self.position.init else None)
@@ -289,6 +201,18 @@ class MultiHeadAttention(nnx.Module):
         linear(dim)
     self.dropout = Dropout(dropout_rate)
     self.alpha = learned_alpha(normalizer, dict(hyperparameters), num_heads)
+    if qk_norm and self.variant.qk_scale is None:
+      raise TypeError(f"{attention} attention's scores are not dot products: no QK-norm.")
+    start = qk_norm_scale or math.log2(max(max_keys, 2) ** 2 - max(max_keys, 2))
+    self.qk_scale = nnx.Param(jnp.asarray(start, jnp.float32)) if qk_norm else None
+    self.gate = None if gate == "none" else Linear(
+        dim, num_heads if gate == "headwise" else dim, use_bias=False, dtype=dtype, rngs=rngs)
+
+  def gate_values(self, x: jnp.ndarray) -> jnp.ndarray:
+    """The gate of each head's output for inputs `x [batch, q, dim]`: `sigmoid(x W)` as
+    `[batch, heads, q, 1]` (head-wise) or `[batch, heads, q, head_dim]` (element-wise)."""
+    gate = jax.nn.sigmoid(self.gate(x).astype(jnp.float32))
+    return split_heads(gate, self.num_heads)
 
   @property
   def variant(self) -> Variant:
@@ -310,21 +234,31 @@ class MultiHeadAttention(nnx.Module):
     """`[batch, k, dim]` -> (prepared keys, values), each `[batch, kv_heads, k, head_dim]`;
     keys turned by their `positions [batch or 1, k]` where the positions rotate them."""
     keys = split_heads(self.key(x), self.num_kv_heads)
+    if self.qk_scale is not None:
+      keys = unit_length(keys)
     if positions is not None and self.position and self.position.rotate:
       keys = self.position.rotate(keys, positions)
     keys = self.variant.prepare(keys, self.score_params)
     return keys, split_heads(self.value(x), self.num_kv_heads)
 
   def __call__(self, x, keys, values, mask: Mask, *, positions=None,
-               rngs: nnx.Rngs | None = None, return_weights: bool = False):
+               rngs: nnx.Rngs | None = None, return_weights: bool = False,
+               return_parts: bool = False):
     """Attends from `x [batch, q, dim]` to projected `keys`/`values`.
 
     `positions`: (query positions `[batch or 1, q]`, key positions `[batch or 1, k]`), for
     positions that act inside attention (self-attention), or None.
 
-    Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked.
+    Returns `[batch, q, dim]`, and the weights `[batch, heads, q, k]` when asked. With
+    `return_parts` too, the weights come as a dict, for pictures: `weights`, and where this
+    attention has them what makes them (the variant's `maps`: differential attention's `map1`,
+    `map2` and `lambda`) and the `gate` on each head's output, `[batch, heads, q, 1]` (an
+    element-wise gate's mean over the head's features).
     """
     query = split_heads(self.query(x), self.num_heads)
+    if self.qk_scale is not None:  # The learned scale in place of the variant's divisor.
+      scale = self.qk_scale[...] * self.variant.qk_scale(query.shape[-1])
+      query = unit_length(query) * scale.astype(query.dtype)
     options = self._options(self.variant)
     if self.normalizer != "softmax":  # A variant's own default is the softmax.
       options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()),
@@ -341,26 +275,46 @@ class MultiHeadAttention(nnx.Module):
     # rows (its beams), which attend together as one row's `groups * q` queries.
     groups = query.shape[0] // keys.shape[0]
     if groups > 1:
-      query = _group_rows(query, groups)
+      query = group_rows(query, groups)
       if "bias" in options:
-        options["bias"] = _group_rows(options["bias"], groups)
-    context, weights = self.variant.attend(query, keys, values, mask, self.score_params,
-                                           **options)
+        options["bias"] = group_rows(options["bias"], groups)
+    dropping = rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout
+    if dropping and self.variant.drops_inside:  # The kernel drops the weights it sums.
+      options["dropout"] = lambda w: self.dropout(w, deterministic=False, rngs=rngs)
+    if return_parts and self.variant.maps:
+      options["maps"] = True  # The variant also returns what makes its weights.
+    context, weights, *maps = self.variant.attend(query, keys, values, mask, self.score_params,
+                                                  **options)
+    maps = {name: ungroup_rows(part, groups) if groups > 1 else part
+            for name, part in (maps[0] if maps else {}).items()}
     if groups > 1:
-      context, weights = _ungroup_rows(context, groups), _ungroup_rows(weights, groups)
+      context, weights = ungroup_rows(context, groups), ungroup_rows(weights, groups)
     # Dropout on the attention weights only changes the weighted sum. Its mask is drawn for
     # the query rows as they are (so grouped beams drop what they would ungrouped), and the
     # sum is taken grouped again, over each sentence's one copy of the values.
     used = weights
-    if rngs is not None and self.dropout.rate > 0 and self.variant.weight_dropout:
+    if dropping and not self.variant.drops_inside:
       used = self.dropout(weights, deterministic=False, rngs=rngs)
-      context = weighted_sum(_group_rows(used, groups) if groups > 1 else used, values)
+      context = weighted_sum(group_rows(used, groups) if groups > 1 else used, values)
       if groups > 1:
-        context = _ungroup_rows(context, groups)
+        context = ungroup_rows(context, groups)
     if relative is not None and entry.value:
       context = context + entry.value(used, relative, self.position_params)
+    if self.gate is not None:
+      context = context * self.gate_values(x).astype(context.dtype)
     out = self.out(merge_heads(context))
+    if return_weights and return_parts:
+      return out, self._parts(x, weights, maps)
     return (out, weights) if return_weights else out
+
+  def _parts(self, x, weights, maps) -> dict[str, jnp.ndarray]:
+    """`__call__`'s weights with `return_parts`: the `weights`, the variant's `maps`, and the
+    `gate` of inputs `x` (the same, under jit, as the output's), `[batch, heads, q, 1]`: an
+    element-wise gate's mean over the head's features."""
+    if self.gate is None:
+      return {"weights": weights, **maps}
+    return {"weights": weights, **maps,
+            "gate": jnp.mean(self.gate_values(x), axis=-1, keepdims=True)}
 
 
 # Names from the papers, pointed at the variant that implements them: (name here, what it is).

@@ -54,10 +54,20 @@ def ctranslate2_problem(m) -> str | None:
     return (f"config.model.attention_normalizer={m.attention_normalizer!r}: CTranslate2"
             " normalizes attention with the softmax only; runs of softmax attention convert.")
   if m.positions not in POSITION_NAMES:
-    lacks = ("has ALiBi in decoders only, and this encoder uses it too" if m.positions == "alibi"
-             else "has no such positions")
+    lacks = ("has ALiBi in decoders only, and this encoder uses it too"
+             if m.positions in ("alibi", "alibi_directional") else "has no such positions")
     return (f"config.model.positions={m.positions!r}: CTranslate2 {lacks}; runs of"
             f" {', '.join(POSITION_NAMES)} positions convert.")
+  if m.get("decoder_positions", "") not in ("", m.positions):
+    return (f"config.model.decoder_positions={m.decoder_positions!r}: CTranslate2 gives the"
+            " encoder and decoder one kind of positions; runs whose decoder has the encoder's"
+            " convert.")
+  if m.get("qk_norm", False):
+    return ("config.model.qk_norm=True: CTranslate2 has no QK-norm (its queries are scaled"
+            " by one number, not normalized); runs without it convert.")
+  if m.get("attention_gate", "none") != "none":
+    return (f"config.model.attention_gate={m.attention_gate!r}: CTranslate2 has no gate on"
+            " attention's output; runs without one convert.")
   return None
 
 

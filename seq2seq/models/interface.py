@@ -25,7 +25,9 @@ Cache = Any
 class Seq2SeqModel(Protocol):
   """An encoder-decoder over joint-vocabulary token ids (PAD_ID-padded)."""
 
-  # The `config.model.attention` names the family takes.
+  # The `config.model.attention` names the family takes. This and the other names a family
+  # draws from the registries are read when a command runs (`seq2seq.registry.live`), so an
+  # entry a run's own file registers (`config.train.extensions`) is among them.
   ATTENTION_NAMES: ClassVar[tuple[str, ...]]
   # Whether it takes packed rows (several sentences per row: `segments`, `positions`);
   # read through `seq2seq.models.can_pack(family)`.
@@ -36,6 +38,9 @@ class Seq2SeqModel(Protocol):
   SHARES_KV_HEADS: ClassVar[bool]
   # The attention names whose weights come from `config.model.attention_normalizer`.
   NORMALIZED: ClassVar[tuple[str, ...]]
+  # The attention names whose weights take `config.model.attention_dropout_rate` (each
+  # entry's declared `weight_dropout`); `check_config` refuses the rate beside any other.
+  WEIGHT_DROPOUT: ClassVar[tuple[str, ...]]
   # The attention names whose decoder attends to no source word (`cross` weights all zero);
   # read through `seq2seq.models.attends(config.model)`.
   UNATTENDED: ClassVar[tuple[str, ...]]
@@ -61,7 +66,9 @@ class Seq2SeqModel(Protocol):
     keys]`: at least `cross` (`[layers, batch, heads, t, src_len]`); a family with
     self-attention adds `encoder` (`[..., src_len, src_len]`) and `decoder` (`[..., t, t]`).
     Queries and keys are in the order of `src_ids` and `tgt_in_ids`, whatever order the
-    family reads them in: the pictures label them so (`alignment.labels`)."""
+    family reads them in: the pictures label them so (`alignment.labels`). A family may add
+    what makes a kind's weights as `<kind>_<part>`, `[layers, batch, heads, queries, keys or
+    1]` (the Transformer's differential maps and gates: `Transformer.attention_weights`)."""
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """The decoding state before the first target token, for up to `max_len` tokens."""

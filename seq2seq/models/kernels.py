@@ -72,15 +72,16 @@ def linear_attention(query, keys, values, mask: Mask, eps: float = 1e-6, chunk: 
 
 
 def local_attention(query, keys, values, mask: Mask, window: int,
-                    normalizer: Callable = masked_softmax):
+                    normalizer: Callable = masked_softmax, dropout: Callable | None = None):
   """Scaled dot-product attention within `window` positions of each query.
 
   Each query gathers only its `2 * window + 1` neighbouring keys, so the work
   is O(n * window), not O(n^2). Positions come from the mask, so a decoding
-  step at position i sees cache slots i - window .. i.
+  step at position i sees cache slots i - window .. i. `dropout` (attention dropout, or
+  None) acts on the window's weights before their sum, which stays O(n * window).
 
   Returns:
-    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
+    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`, before dropout).
   """
   num_queries, num_keys = query.shape[2], keys.shape[2]
   offsets = jnp.arange(-window, window + 1)
@@ -95,14 +96,16 @@ def local_attention(query, keys, values, mask: Mask, window: int,
   near_keys, near_values = keys[:, :, index], values[:, :, index]  # [b, h, q, w, d]
   scores = jnp.einsum("bhqd,bhqwd->bhqw", query, near_keys) / jnp.sqrt(query.shape[-1])
   near_weights = normalizer(scores, valid[:, None])
-  context = jnp.einsum("bhqw,bhqwd->bhqd", near_weights, near_values)
+  summed = near_weights if dropout is None else dropout(near_weights)
+  context = jnp.einsum("bhqw,bhqwd->bhqd", summed, near_values)
   one_hot = jax.nn.one_hot(index, num_keys, dtype=near_weights.dtype)  # [q, w, k]
   weights = jnp.einsum("bhqw,qwk->bhqk", near_weights, one_hot)
   return context, weights
 
 
 def local_global_attention(query, keys, values, mask: Mask, window: int, num_global: int,
-                           normalizer: Callable = masked_softmax):
+                           normalizer: Callable = masked_softmax,
+                           dropout: Callable | None = None):
   """Scaled dot-product attention over a window plus global positions (Longformer, Beltagy et
   al. 2020; BigBird's window and global parts, Zaheer et al. 2020).
 
@@ -110,10 +113,11 @@ def local_global_attention(query, keys, values, mask: Mask, window: int, num_glo
   Any other query sees the keys within `window` positions and the global ones, so the work is
   O(n (w + g)) for n queries, plus O(g n) for the global queries' rows. Causal or cached, a
   query never sees a key after it. Packed rows are refused (`Variant.packs`): the global
-  positions are each row's first.
+  positions are each row's first. `dropout` (attention dropout, or None) acts on the weights
+  of the window and global keys, and on the global queries' rows, before their sums.
 
   Returns:
-    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
+    (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`, before dropout).
   """
   num_queries, num_keys = query.shape[2], keys.shape[2]
   at = mask.query_positions(num_queries)  # [q]
@@ -128,7 +132,8 @@ def local_global_attention(query, keys, values, mask: Mask, window: int, num_glo
   scale = jnp.sqrt(query.shape[-1]).astype(query.dtype)
   scores = jnp.einsum("bhqd,bhqwd->bhqw", query, keys[:, :, index]) / scale
   picked = normalizer(scores, valid[:, None])
-  context = jnp.einsum("bhqw,bhqwd->bhqd", picked, values[:, :, index])
+  context = jnp.einsum("bhqw,bhqwd->bhqd", picked if dropout is None else dropout(picked),
+                       values[:, :, index])
   weights = jnp.einsum("bhqw,qwk->bhqk", picked, jax.nn.one_hot(index, num_keys,
                                                                   dtype=picked.dtype))
   # The global queries among the first rows: every key (not after them, when causal).
@@ -137,6 +142,7 @@ def local_global_attention(query, keys, values, mask: Mask, window: int, num_glo
   dense = normalizer(jnp.einsum("bhqd,bhkd->bhqk", query[:, :, :rows], keys) / scale, dense_mask)
   is_global = (at[:rows] < num_global)[None, None, :, None]
   weights = weights.at[:, :, :rows].set(jnp.where(is_global, dense, weights[:, :, :rows]))
+  summed = dense if dropout is None else dropout(dense)
   context = context.at[:, :, :rows].set(jnp.where(
-      is_global, jnp.einsum("bhqk,bhkd->bhqd", dense, values), context[:, :, :rows]))
+      is_global, jnp.einsum("bhqk,bhkd->bhqd", summed, values), context[:, :, :rows]))
   return context, weights

@@ -32,9 +32,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from seq2seq.models.attention import SCORES, Score, ScoreParams, attend
+from seq2seq.models.attention import SCORES, Score, ScoreParams, attend, weighted_sum
 from seq2seq.models.masks import Mask
 from seq2seq.models.normalizers import masked_softmax
+from seq2seq.registry import Registry
 
 SCORE = SCORES["general"]  # The score inside the window.
 
@@ -59,6 +60,9 @@ class Local(NamedTuple):
   """A local attention, by how it places its window: `init`, `prepare` as a `Score`'s, and
   `attend` with the query's target positions on the mask (`Mask.query_offset`)."""
   predictive: bool  # local_p: p_t from h_t, and a Gaussian around it; local_m: p_t = t.
+  # Its `attend` takes `dropout=` (attention dropout on the weights it sums, or None): a
+  # kernel that does not says False, and `check_config` refuses the rate beside it.
+  weight_dropout: bool = True
 
   def init(self, heads: int, head_dim: int, max_keys: int, rngs) -> ScoreParams:
     """general's W_a `[heads, d, d]`; local_p's W_p `[heads, d, d]` and v_p `[heads, d]` too."""
@@ -85,7 +89,7 @@ class Local(NamedTuple):
 
   def attend(self, query: jnp.ndarray, keys: jnp.ndarray, values: jnp.ndarray, mask: Mask,
              params: ScoreParams, *, window: int, reverse: bool,
-             normalizer: Callable = masked_softmax):
+             normalizer: Callable = masked_softmax, dropout: Callable | None = None):
     """Attention within `window` (D) positions of each query's p_t.
 
     Args:
@@ -97,9 +101,11 @@ class Local(NamedTuple):
       window: D.
       reverse: the memory holds the source reversed (`config.model.reverse_source`).
       normalizer: turns the window's scores into weights (`normalizers.NORMALIZERS`).
+      dropout: attention dropout on the window's weights (local_p's after the Gaussian)
+        before their sum, or None.
 
     Returns:
-      (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`).
+      (context `[batch, heads, q, d_v]`, weights `[batch, heads, q, k]`, before dropout).
     """
     num_keys = keys.shape[2]
     centre = self.positions(query, mask, params, reverse)[..., None]  # [b, h, q, 1]
@@ -113,13 +119,15 @@ class Local(NamedTuple):
     weights = normalizer(scores, valid)
     if self.predictive:
       weights = weights * gaussian.astype(weights.dtype)
-    context = jnp.einsum("bhqw,bhqwd->bhqd", weights, _gather(values, index))
+    context = jnp.einsum("bhqw,bhqwd->bhqd", weights if dropout is None else dropout(weights),
+                         _gather(values, index))
     return context, _spread(weights, start, num_keys)
 
 
 class Softmax(NamedTuple):
   """A softmax score over the whole source, with `Local`'s methods (it has no window)."""
   score: Score
+  weight_dropout: bool = True  # As `Local`'s.
 
   def init(self, heads: int, head_dim: int, max_keys: int, rngs) -> ScoreParams | None:
     return self.score.init(heads, head_dim, max_keys, rngs)
@@ -128,14 +136,19 @@ class Softmax(NamedTuple):
     return self.score.prepare(keys, params)
 
   def attend(self, query, keys, values, mask: Mask, params, *, window: int, reverse: bool,
-             normalizer: Callable = masked_softmax):
+             normalizer: Callable = masked_softmax, dropout: Callable | None = None):
     del window, reverse
-    return attend(self.score, query, keys, values, mask.dense(query.shape[2]), params,
-                  normalizer=normalizer)
+    context, weights = attend(self.score, query, keys, values, mask.dense(query.shape[2]),
+                              params, normalizer=normalizer)
+    if dropout is not None:  # The sum again, of the dropped weights.
+      context = weighted_sum(dropout(weights), values)
+    return context, weights
 
 
 # The `config.model.attention` names of the local attentions, which only the RNN takes.
 LOCAL: dict[str, Local] = {"local_m": Local(predictive=False), "local_p": Local(predictive=True)}
 # What the RNN attends with (but `none`): every softmax score, then the local windows.
-KERNELS: dict[str, Softmax | Local] = {
-    **{name: Softmax(score) for name, score in SCORES.items()}, **LOCAL}
+KERNELS: Registry[str, Softmax | Local] = Registry(
+    "attention of the RNN", "config.model.attention", entries={
+        **{name: Softmax(score) for name, score in SCORES.items()}, **LOCAL})
+KERNELS.follows(SCORES, lambda name, score: Softmax(score))  # Scores registered later too.

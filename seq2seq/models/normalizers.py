@@ -1,9 +1,10 @@
-"""What turns attention scores into weights: softmax, sparsemax and entmax, picked by name.
+"""What turns attention scores into weights: softmax, sparsemax, entmax and sigmoid, by name.
 
 `NORMALIZERS` is the registry `config.model.attention_normalizer` names. Every entry maps
 scores `[..., k]` and a boolean mask broadcastable to them (True: the key may be attended;
 None: every key may) to weights over the last axis that
-  - sum to 1 over a row's allowed keys and give masked keys exactly 0,
+  - sum to 1 over a row's allowed keys (but sigmoid attention's, `Normalizer.sums_to_one`)
+    and give masked keys exactly 0,
   - are all 0 on a row whose keys are all masked (a padding row), never NaN,
   - are computed in float32 and returned in the scores' dtype.
 Sparsemax and entmax also give exact zeros to low scores; `zero_share` measures how many.
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from seq2seq.registry import Registry
 
 # Sparsemax gives exactly zero weight to every score 1 or more below its row's largest, and
 # 1.5-entmax to every score 2 or more below. Raising lower scores (and masked keys) to this
@@ -42,6 +45,23 @@ def masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray
   masked = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(masked, axis=-1)
   return jnp.where(mask, weights, 0.0).astype(scores.dtype)
+
+
+def sigmoid_attention(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+  """Ramapuram et al. (2025): each weight `sigmoid(score - log n)`, on its own, for a row of
+  `n` allowed keys (their bias b = -log n, which starts a row's weights near summing to one).
+
+  The weights need not sum to one. `n` is counted per row, so a decoder row at position i of
+  a causal mask (i + 1 keys) gets the bias that the same row gets from the cache's mask, and
+  packed sentences each count their own keys. Masked keys get exactly zero weight, and so do
+  the keys of a row whose keys are all masked.
+  """
+  z = scores.astype(jnp.float32)
+  if mask is None:
+    return jax.nn.sigmoid(z - math.log(z.shape[-1])).astype(scores.dtype)
+  allowed = jnp.broadcast_to(mask, z.shape)
+  n = jnp.maximum(jnp.sum(allowed, axis=-1, keepdims=True), 1).astype(jnp.float32)
+  return jnp.where(allowed, jax.nn.sigmoid(z - jnp.log(n)), 0.0).astype(scores.dtype)
 
 
 def _shifted(scores, mask):
@@ -291,9 +311,11 @@ class Normalizer(NamedTuple):
   sparse: bool
   hyperparameters: tuple[str, ...] = ()
   learns_alpha: bool = False  # Each head learns its alpha, from `config.model.entmax_alpha`.
+  sums_to_one: bool = True  # A row's weights sum to 1 (sigmoid attention's need not).
 
 
-NORMALIZERS: dict[str, Normalizer] = {
+NORMALIZERS: Registry[str, Normalizer] = Registry(
+    "normalizer", "config.model.attention_normalizer", entries={
     "softmax": Normalizer(masked_softmax, sparse=False),
     "sparsemax": Normalizer(sparsemax, sparse=True),
     "entmax15": Normalizer(entmax15, sparse=True),
@@ -303,4 +325,5 @@ NORMALIZERS: dict[str, Normalizer] = {
     "entmax_learned": Normalizer(
         lambda scores, mask, entmax_alpha: entmax_bisect(scores, mask, entmax_alpha),
         sparse=True, hyperparameters=("entmax_alpha",), learns_alpha=True),
-}
+    "sigmoid": Normalizer(sigmoid_attention, sparse=False, sums_to_one=False),
+})

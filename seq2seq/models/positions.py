@@ -2,7 +2,7 @@
 
 An entry either adds a vector to every token's embedding at the input
 (`sinusoidal`, `learned`), or acts inside self-attention (`relative`, `rope`,
-`alibi`) and adds nothing at the input. Inside attention an entry sees the
+`alibi`, `alibi_directional`) and adds nothing at the input. Inside attention an entry sees the
 positions of the queries and keys, `[batch or 1, n]` each (a packed row's
 positions restart at every sentence; a decoding step's query is at the cache
 index), through up to three functions:
@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from seq2seq.registry import Registry
 
 
 def sinusoidal_positions(positions: jnp.ndarray, dim: int) -> jnp.ndarray:
@@ -70,11 +72,33 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(query, relative, params, num_heads):
-  """`-slope_h * |key position - query position|` (the decoder's keys are never ahead of
-  its queries, so there it is the paper's causal bias; the encoder sees both sides)."""
+  """`-slope_h * |key position - query position|`: the symmetric form. The decoder's keys are
+  never ahead of its queries, so there it is the paper's causal bias; in the encoder the same
+  slope on both sides tells a head how far a key is but not on which side, so a sentence and
+  its reverse give mirrored encoder states (`alibi_directional` tells left from right)."""
   del query, params
   slopes = jnp.asarray(alibi_slopes(num_heads))[None, :, None, None]
   return -slopes * jnp.abs(relative[:, None]).astype(jnp.float32)
+
+
+def alibi_directional_bias(query, relative, params, num_heads):
+  """ALiBi with a slope for each side: head h subtracts `m_h * distance` for a key to the
+  left of its query (before it) and `m_(H-1-h) * distance` for a key to its right, `m` being
+  Press et al.'s slopes (`alibi_slopes`) and H the heads.
+
+  Press et al. (2022) defined ALiBi for causal models only, where every key is on the left;
+  the encoder needs the other side too. Keeping their slopes on the left and mirroring them
+  on the right gives each head but a middle one (of an odd number) a different reach to
+  either side: head 0 looks far right and near left, head H-1 the opposite, and the heads,
+  taken together, favour neither direction. The decoder's keys are never to the right of its
+  queries, so there it is exactly the paper's causal bias, equal to `alibi_bias`'s.
+  """
+  del query, params
+  slopes = alibi_slopes(num_heads)
+  left = jnp.asarray(slopes)[None, :, None, None]
+  right = jnp.asarray(slopes[::-1].copy())[None, :, None, None]
+  distance = relative[:, None].astype(jnp.float32)  # key - query: negative to the left.
+  return jnp.where(distance < 0, left * distance, -right * distance)
 
 
 class RelativeEmbeddings(nnx.Module):
@@ -132,10 +156,11 @@ class Positions(NamedTuple):
     return self.rotate is not None or self.bias is not None or self.value is not None
 
 
-# `relative` and `alibi` add to the scores of scaled dot products (the scale Shaw et al.
+# `relative` and the ALiBis add to the scores of scaled dot products (the scale Shaw et al.
 # divide by is the score's); rotating queries and keys also suits the plain dot product and
 # the window of `local`, whose scores are dot products too.
-POSITIONS: dict[str, Positions] = {
+POSITIONS: Registry[str, Positions] = Registry(
+    "position scheme", "config.model.positions", entries={
     "sinusoidal": Positions(embed=lambda positions, dim, table: sinusoidal_positions(
         positions, dim)),
     "learned": Positions(embed=learned_positions, learned_table=True),
@@ -144,6 +169,11 @@ POSITIONS: dict[str, Positions] = {
             head_dim, max_relative_distance, rngs),
         bias=relative_bias, value=relative_value, attention=("scaled_dot",),
         hyperparameters=("max_relative_distance",)),
-    "rope": Positions(rotate=rotary, attention=("scaled_dot", "dot", "local", "local_global")),
+    "rope": Positions(rotate=rotary, attention=("scaled_dot", "dot", "local", "local_global",
+                                                "differential")),
     "alibi": Positions(bias=alibi_bias, attention=("scaled_dot",)),
-}
+    # No positions at all (Kazemnejad et al., 2023, for a causal decoder:
+    # `config.model.decoder_positions="none"`; in an encoder, a bag of words).
+    "none": Positions(),
+    "alibi_directional": Positions(bias=alibi_directional_bias, attention=("scaled_dot",)),
+})

@@ -17,35 +17,43 @@ attention, so teacher-forced decoding runs the stack once and attends for all st
 Every recurrence is a `jax.lax.scan`.
 
 A recurrence is latency-bound on a CPU, so each loop body holds only what depends on the
-step before, as cuDNN and flax's `OptimizedLSTMCell` arrange it: the products of the inputs
-known in advance (the source, the target embeddings) are taken for every step at once before
-the loop (`GateKernels.project`), each step's remaining inputs and its state go through one
-product with the gates side by side, and teacher forcing takes the logits of every step in one
-product after the loop. The parameters are the `nnx` cells' own (same names and initialization);
-`seq2seq.performance.rnn_reference` runs them as written, one product per gate in the loop.
+step before (`recurrence`: the inputs known in advance, the source and the target embeddings,
+multiplied for every step at once before the loop, each step's other inputs and its state in
+one product with the gates side by side), and teacher forcing takes the logits of every step in
+one product after the loop. `seq2seq.performance.rnn_reference` runs the cells as written, one
+product per gate in the loop.
 """
 
 import functools
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
-from flax.nnx.nn import dtypes
 
 from seq2seq.data.special_ids import PAD_ID
 from seq2seq.models import masks
 from seq2seq.models.dropout import Dropout
-from seq2seq.models.linear import Linear, matmul
-from seq2seq.models.local_rnn import KERNELS
+from seq2seq.models.linear import Linear
+from seq2seq.models.local_rnn import KERNELS, LOCAL
 from seq2seq.models.normalizers import bound, learned_alpha, options_of
+from seq2seq.models.recurrence import (
+  CELLS,
+  Carry,
+  GateKernels,
+  hidden_of,
+  scan_cell,
+  time_major,
+  zeros_like_carry,
+)
+from seq2seq.registry import live
 
-Carry = jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]  # GRU: h; LSTM: (c, h)
-CELLS = {"lstm": nnx.LSTMCell, "gru": nnx.GRUCell}
 # Variants scored with the previous state s_{t-1} when config.model.rnn_query_state is "auto".
 PREVIOUS_STATE_QUERIES = ("concat",)
+# What `jax.random.fold_in` adds to a step's dropout key for each use: layer i's output i
+# (`_stack`), h~ 1000 (`_output`), the attention weights this (`_attend`).
+ATTENTION_DROPOUT_KEY = 2000
 
 
 def queries_previous_state(cfg: ml_collections.ConfigDict) -> bool:
@@ -69,15 +77,6 @@ class Cache(NamedTuple):
   index: jnp.ndarray  # scalar int32: steps taken
 
 
-def _hidden(carry: Carry) -> jnp.ndarray:
-  return carry[1] if isinstance(carry, tuple) else carry
-
-
-def _zeros_like_carry(cell_type: str, batch: int, size: int, dtype) -> Carry:
-  zeros = jnp.zeros((batch, size), dtype)
-  return (zeros, zeros) if cell_type == "lstm" else zeros
-
-
 def _refuse_packed(segments, positions) -> None:
   if segments is not None or positions is not None:
     raise ValueError("The RNN takes one sentence per row (PACKS is False): packed rows would"
@@ -97,108 +96,36 @@ def reverse_padded(x: jnp.ndarray, lengths: jnp.ndarray) -> jnp.ndarray:
   return jnp.take_along_axis(x, index, axis=1)
 
 
-class GateKernels(NamedTuple):
-  """An `nnx` LSTM or GRU cell's weights with its gates side by side.
-
-  The cell's first `hoisted` input rows are multiplied outside the recurrence, for every step
-  at once (`project`); each step (`__call__`) multiplies the other input rows and the state.
-  LSTM: gates i, f, g, o; one product per step, the other rows stacked over the recurrent
-  kernel; the bias sits on the recurrent side, as in `nnx.LSTMCell`. GRU: gates r, z, n; the
-  state's product stays apart (n scales it by r), the bias sits on the input side.
-  """
-  lstm: bool
-  hoisted: jnp.ndarray  # [hoisted, gates * hidden]
-  step: jnp.ndarray  # LSTM: [in - hoisted + hidden, 4 hidden]; GRU: [in - hoisted, 3 hidden]
-  recurrent: jnp.ndarray | None  # GRU: [hidden, 3 hidden]
-  bias: jnp.ndarray  # [gates * hidden]
-  dtype: Any
-
-  @classmethod
-  def of(cls, cell: nnx.Module, hoisted: int) -> "GateKernels":
-    """`cell`'s kernels, its first `hoisted` input rows apart (call outside the loop)."""
-    if isinstance(cell, nnx.LSTMCell):
-      inputs = jnp.concatenate([cell.ii.kernel[...], cell.if_.kernel[...], cell.ig.kernel[...],
-                                cell.io.kernel[...]], axis=1)
-      recurrent = jnp.concatenate([cell.hi.kernel[...], cell.hf.kernel[...], cell.hg.kernel[...],
-                                   cell.ho.kernel[...]], axis=1)
-      bias = jnp.concatenate([cell.hi.bias[...], cell.hf.bias[...], cell.hg.bias[...],
-                              cell.ho.bias[...]])
-      return cls(True, inputs[:hoisted], jnp.concatenate([inputs[hoisted:], recurrent]), None,
-                 bias, cell.dtype)
-    kernel = cell.dense_i.kernel[...]
-    return cls(False, kernel[:hoisted], kernel[hoisted:], cell.dense_h.kernel[...],
-               cell.dense_i.bias[...], cell.dtype)
-
-  def _product(self, x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
-    x, kernel = dtypes.promote_dtype((x, kernel), dtype=self.dtype)
-    return matmul(x, kernel)
-
-  def project(self, x: jnp.ndarray) -> jnp.ndarray:
-    """The hoisted rows' part of every gate: `x [..., hoisted]` -> `[..., gates * hidden]`."""
-    projected = self._product(x, self.hoisted)
-    return projected if self.lstm else projected + self.bias.astype(projected.dtype)
-
-  def __call__(self, carry: Carry, projected: jnp.ndarray | None,
-               rest: Sequence[jnp.ndarray] = ()) -> tuple[Carry, jnp.ndarray]:
-    """One step from `projected` (`project` of this step's hoisted inputs, or None when none
-    are hoisted) and `rest`, the other inputs in row order: `(carry, output)`."""
-    if self.lstm:
-      c, h = carry
-      z = self._product(jnp.concatenate([*rest, h], axis=-1), self.step)
-      z = z + self.bias.astype(z.dtype)  # In the computation's dtype, as nnx.Linear adds it.
-      if projected is not None:
-        z = projected + z
-      i, f, g, o = jnp.split(z, 4, axis=-1)
-      new_c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-      new_h = jax.nn.sigmoid(o) * jnp.tanh(new_c)
-      return (new_c, new_h), new_h
-    h, x = carry, projected
-    if rest:
-      x = self._product(jnp.concatenate(rest, axis=-1), self.step)
-      x = x + (projected if projected is not None else self.bias.astype(x.dtype))
-    x_r, x_z, x_n = jnp.split(x, 3, axis=-1)
-    h_r, h_z, h_n = jnp.split(self._product(h, self.recurrent), 3, axis=-1)
-    r, z = jax.nn.sigmoid(x_r + h_r), jax.nn.sigmoid(x_z + h_z)
-    new_h = (1.0 - z) * jnp.tanh(x_n + r * h_n) + z * h
-    return new_h, new_h
-
-
-def _time_major(x: jnp.ndarray) -> jnp.ndarray:
-  """`[batch, t, ...]` <-> `[t, batch, ...]`: the scans' layout. Inputs are turned before
-  `GateKernels.project`, whose products are several times wider."""
-  return x.swapaxes(0, 1)
-
-
-def _scan_cell(gates, carry: Carry, projected: jnp.ndarray, valid: jnp.ndarray):
-  """Runs `gates` over `projected [t, batch, gates * hidden]` (`gates.project` of the
-  time-major inputs); the carry stops at the last valid step. Outputs `[batch, t, hidden]`."""
-
-  def body(carry, xs):
-    x, ok = xs
-    new_carry, y = gates(carry, x)
-    carry = jax.tree.map(lambda new, old: jnp.where(ok[:, None], new, old), new_carry, carry)
-    return carry, y
-
-  carry, ys = jax.lax.scan(body, carry, (projected, _time_major(valid)))
-  return carry, _time_major(ys)
-
-
 class RNN(nnx.Module):
   """See the module docstring; implements `interface.Seq2SeqModel` (`cfg` is `config.model`)."""
 
   # The variants the RNN takes: none (Sutskever et al.), any softmax score, a local window.
-  ATTENTION_NAMES = ("none", *KERNELS)
+  # Read from the registries each time (`live`): what is registered when a command runs.
+  ATTENTION_NAMES = live(lambda cls: ("none", *KERNELS))
   PACKS = False  # One sentence per row: the recurrence would run across packed sentences.
   POSITION_NAMES = ("sinusoidal",)  # The default, ignored: its recurrence orders the words.
   SHARES_KV_HEADS = False  # One attention head: no key/value heads to share.
-  NORMALIZED = tuple(KERNELS)  # Whose weights a normalizer gives (all but `none`).
+  NORMALIZED = live(lambda cls: tuple(KERNELS))  # Whose weights a normalizer gives (not `none`).
   UNATTENDED = ("none",)  # Whose decoder reads one fixed vector: `cross` weights all 0.
+  # Whose alignment weights take attention dropout (`none` has none).
+  WEIGHT_DROPOUT = live(lambda cls: tuple(name for name, kernel in KERNELS.items()
+                                          if kernel.weight_dropout))
   # Teacher forcing: every step's logits in one product after the loop (not in it).
   LOGITS_IN_LOOP = False
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
-    del cfg  # Every RNN field is range-checked with the base config.
+    # Every RNN field is range-checked with the base config; these are the Transformer's.
+    for field, default in (("qk_norm", False), ("attention_gate", "none"),
+                           ("decoder_positions", "")):
+      if cfg[field] != default:
+        return (f"config.model.{field}={cfg[field]!r} is the Transformer's; the RNN's attention"
+                f" has no heads of queries and keys: leave it at {default!r}.")
+    if cfg.attention in LOCAL and cfg.attention_window >= cfg.max_len - 1:
+      return (f"config.model.attention_window={cfg.attention_window}: a window of 2D + 1 words"
+              f" around p_t reaches every one of config.model.max_len={cfg.max_len} source"
+              f" words, which is global attention, not {cfg.attention!r}; use"
+              f" attention=general, or a window below {cfg.max_len - 1}.")
     return None
 
   def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
@@ -221,6 +148,7 @@ class RNN(nnx.Module):
     self.src_embed = embed()
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
     self.dropout = Dropout(cfg.dropout_rate)
+    self.attention_dropout = Dropout(cfg.attention_dropout_rate)  # On the alignment weights.
 
     directions = 2 if cfg.bidirectional else 1
     self.encoder_forward = nnx.List([
@@ -256,38 +184,44 @@ class RNN(nnx.Module):
     x = self.dropout(self.src_embed(src_ids), deterministic=rngs is None, rngs=rngs)
     final = None
     for i, forward in enumerate(self.encoder_forward):
-      zero = _zeros_like_carry(self.cell_type, batch, self.hidden, x.dtype)
+      zero = zeros_like_carry(self.cell_type, batch, self.hidden, x.dtype)
       gates = self._gates(forward, x.shape[-1])
-      carry, out = _scan_cell(gates, zero, gates.project(_time_major(x)), valid)
-      final = _hidden(carry)
+      carry, out = scan_cell(gates, zero, gates.project(time_major(x)), valid)
+      final = hidden_of(carry)
       if self.bidirectional:
         gates = self._gates(self.encoder_backward[i], x.shape[-1])
-        back_carry, back = _scan_cell(
-            gates, zero, gates.project(_time_major(reverse_padded(x, lengths))), valid)
+        back_carry, back = scan_cell(
+            gates, zero, gates.project(time_major(reverse_padded(x, lengths))), valid)
         out = jnp.concatenate([out, reverse_padded(back, lengths)], axis=-1)
-        final = jnp.concatenate([final, _hidden(back_carry)], axis=-1)
+        final = jnp.concatenate([final, hidden_of(back_carry)], axis=-1)
       x = self.dropout(out, deterministic=rngs is None, rngs=rngs)
     encoded = self.encoder_out(x) if self.encoder_out is not None else x
     if self.bridge is not None:  # An LSTM's cell starts at zero, its hidden state bridged.
       initial = tuple((jnp.zeros_like(h), h) if self.cell_type == "lstm" else h
                       for h in (jnp.tanh(b(final)) for b in self.bridge))
     else:
-      zero = _zeros_like_carry(self.cell_type, batch, self.hidden, encoded.dtype)
+      zero = zeros_like_carry(self.cell_type, batch, self.hidden, encoded.dtype)
       initial = tuple(zero for _ in self.decoder_cells)
     keys = encoded[:, None]  # [batch, 1 head, src_len, hidden]
     if self.attention in KERNELS:
       keys = KERNELS[self.attention].prepare(keys, self.score_params)
     return Memory(encoded, keys, src_mask, jnp.tanh(self.context_proj(final)), initial)
 
-  def _attend(self, memory: Memory, query: jnp.ndarray, first=0):
-    """`query [batch, q, hidden]` (steps `first`..) -> context `[.., hidden]`, weights `[.., k]`."""
+  def _attend(self, memory: Memory, query: jnp.ndarray, first=0, dropout_key=None):
+    """`query [batch, q, hidden]` (steps `first`..) -> context `[.., hidden]`, weights `[.., k]`
+    (before dropout: with `dropout_key`, attention dropout acts on the weights the context
+    sums)."""
     if self.attention == "none":
       context = jnp.broadcast_to(memory.context[:, None], query.shape)
       return context, jnp.zeros(query.shape[:2] + memory.encoded.shape[1:2], query.dtype)
+    dropout = {}
+    if dropout_key is not None and self.attention_dropout.rate > 0:
+      key = jax.random.fold_in(dropout_key, ATTENTION_DROPOUT_KEY)
+      dropout["dropout"] = lambda weights: self.attention_dropout(weights, rngs=key)
     context, weights = KERNELS[self.attention].attend(
         query[:, None], memory.keys, memory.encoded[:, None],
         memory.src_mask.replace(query_offset=first), self.score_params, window=self.window,
-        reverse=self.reverse_source, normalizer=bound(*self.normalizer, self.alpha))
+        reverse=self.reverse_source, normalizer=bound(*self.normalizer, self.alpha), **dropout)
     return context[:, 0], weights[:, 0]
 
   def _gates(self, cell: nnx.Module, hoisted: int) -> GateKernels:
@@ -328,13 +262,14 @@ class RNN(nnx.Module):
     gates; returns the logits' input (h~, after dropout), the next cache and the alignment."""
     rest = []
     if self.query_previous:  # Scored with the previous state s_{t-1}, before the stack runs.
-      context, weights = self._attend(memory, _hidden(cache.carries[-1])[:, None], cache.index)
+      context, weights = self._attend(memory, hidden_of(cache.carries[-1])[:, None], cache.index,
+                                      dropout_key)
       rest.append(context[:, 0])
     if self.input_feeding:
       rest.append(cache.feed)
     carries, h = self._stack(gates, cache.carries, projected, rest, dropout_key)
     if not self.query_previous:  # Luong: scored with the current state h_t.
-      context, weights = self._attend(memory, h[:, None], cache.index)
+      context, weights = self._attend(memory, h[:, None], cache.index, dropout_key)
     attentional, dropped = self._output(context[:, 0], h, dropout_key)
     return dropped, Cache(carries, attentional, cache.index + 1), weights[:, 0]
 
@@ -377,10 +312,10 @@ class RNN(nnx.Module):
       valid = jnp.ones(tgt_in_ids.shape, bool)
       for i, cell in enumerate(self.decoder_cells):
         layer = self._gates(cell, x.shape[-1])
-        _, x = _scan_cell(layer, carries[i], layer.project(_time_major(x)), valid)
+        _, x = scan_cell(layer, carries[i], layer.project(time_major(x)), valid)
         if dropout_key is not None and i + 1 < len(self.decoder_cells):
           x = self.dropout(x, rngs=jax.random.fold_in(dropout_key, i))
-      context, weights = self._attend(memory, x)
+      context, weights = self._attend(memory, x, dropout_key=dropout_key)
       return self._logits(self._output(context, x, dropout_key)[1]), weights
 
     step_keys = (jax.random.split(dropout_key, steps) if dropout_key is not None
@@ -394,7 +329,7 @@ class RNN(nnx.Module):
 
     gates = self._decoder_gates()
     cache = self.init_cache(memory, steps)
-    projected = gates[0].project(_time_major(embedded))  # Every step's embedding at once.
+    projected = gates[0].project(time_major(embedded))  # Every step's embedding at once.
     _, (out, weights) = jax.lax.scan(body, cache, (projected, step_keys))
-    out = _time_major(out)
-    return (out if self.LOGITS_IN_LOOP else self._logits(out)), _time_major(weights)
+    out = time_major(out)
+    return (out if self.LOGITS_IN_LOOP else self._logits(out)), time_major(weights)

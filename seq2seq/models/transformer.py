@@ -15,10 +15,11 @@ import ml_collections
 from flax import nnx
 
 from seq2seq.models import masks
-from seq2seq.models.attention import VARIANTS, MultiHeadAttention, hyperparameters
+from seq2seq.models.attention import GATES, VARIANTS, MultiHeadAttention, hyperparameters
 from seq2seq.models.dropout import Dropout
 from seq2seq.models.linear import Linear
 from seq2seq.models.positions import POSITIONS, sinusoidal_positions  # noqa: F401 (re-export)
+from seq2seq.registry import live
 
 KeyValue = tuple[jnp.ndarray, jnp.ndarray]  # each [batch, heads, length, head_dim]
 
@@ -91,15 +92,24 @@ class Sublayers(nnx.Module):
     return x if self.pre_ln else self.norms[i](x)
 
 
-def _attention(cfg, rngs, dtype, *, cross: bool = False):
+def decoder_positions(cfg: ml_collections.ConfigDict) -> str:
+  """The decoder's `POSITIONS` name: `config.model.decoder_positions`, or where that is empty
+  (the default), the encoder's `positions`."""
+  return cfg.get("decoder_positions") or cfg.positions
+
+
+def _attention(cfg, rngs, dtype, layer: int = 0, *, decoder: bool = False, cross: bool = False):
   # A variant may name another for cross-attention (`local` keeps it full: VARIANTS).
   attention = (VARIANTS[cfg.attention].cross or cfg.attention) if cross else cfg.attention
   # Positions act inside self-attention only, and only where the scheme does (POSITIONS).
-  positions = None if cross or not POSITIONS[cfg.positions].in_attention else cfg.positions
+  scheme = decoder_positions(cfg) if decoder else cfg.positions
+  positions = None if cross or not POSITIONS[scheme].in_attention else scheme
   return MultiHeadAttention(cfg.emb_dim, cfg.num_heads, attention=attention,
                             dropout_rate=cfg.attention_dropout_rate, rngs=rngs,
                             max_keys=cfg.max_len, dtype=dtype, num_kv_heads=cfg.num_kv_heads,
                             positions=positions, normalizer=cfg.attention_normalizer,
+                            qk_norm=cfg.qk_norm, qk_norm_scale=cfg.qk_norm_scale,
+                            gate=cfg.attention_gate, layer=layer,
                             **hyperparameters(cfg, attention, positions,
                                               cfg.attention_normalizer))
 
@@ -110,27 +120,28 @@ def _rows(positions: jnp.ndarray) -> jnp.ndarray:
 
 
 class EncoderLayer(nnx.Module):
-  def __init__(self, cfg, rngs, dtype=None):
-    self.self_attention = _attention(cfg, rngs, dtype)
+  def __init__(self, cfg, rngs, dtype=None, layer: int = 0):
+    self.self_attention = _attention(cfg, rngs, dtype, layer)
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
     self.sub = Sublayers(cfg, 2, rngs, dtype)
 
   def __call__(self, x, mask, positions, rngs=None, *, return_weights=False):
-    """One encoder block: `x`, and its self-attention weights when `return_weights`.
+    """One encoder block: `x`, and its self-attention weights when `return_weights` (with
+    their parts: `MultiHeadAttention`'s `return_parts`).
     `positions [batch or 1, src_len]`: each token's position in its sentence."""
     h = self.sub.input(0, x)
     attended, weights = self.self_attention(h, *self.self_attention.project_kv(h, positions),
                                             mask, positions=(positions, positions), rngs=rngs,
-                                            return_weights=True)
+                                            return_weights=True, return_parts=return_weights)
     x = self.sub.output(0, x, attended, rngs)
     x = self.sub.output(1, x, self.mlp(self.sub.input(1, x), rngs), rngs)
     return (x, weights) if return_weights else x
 
 
 class DecoderLayer(nnx.Module):
-  def __init__(self, cfg, rngs, dtype=None):
-    self.self_attention = _attention(cfg, rngs, dtype)
-    self.cross_attention = _attention(cfg, rngs, dtype, cross=True)
+  def __init__(self, cfg, rngs, dtype=None, layer: int = 0):
+    self.self_attention = _attention(cfg, rngs, dtype, layer, decoder=True)
+    self.cross_attention = _attention(cfg, rngs, dtype, layer, decoder=True, cross=True)
     self.mlp = FeedForward(cfg.emb_dim, cfg.mlp_dim, cfg.dropout_rate, rngs, dtype)
     self.sub = Sublayers(cfg, 3, rngs, dtype)
 
@@ -149,7 +160,8 @@ class DecoderLayer(nnx.Module):
 
     Returns:
       (x, the keys/values self-attention used: the updated cache when stepping),
-      plus the (self-, cross-)attention weights when `return_weights`.
+      plus the (self-, cross-)attention weights when `return_weights`, each with its parts
+      (`MultiHeadAttention`'s `return_parts`).
     """
     h = self.sub.input(0, x)
     keys, values = self.self_attention.project_kv(h, positions)
@@ -161,10 +173,11 @@ class DecoderLayer(nnx.Module):
       key_positions = jnp.arange(keys.shape[2])[None]
     attended, self_weights = self.self_attention(h, keys, values, self_mask,
                                                  positions=(positions, key_positions),
-                                                 rngs=rngs, return_weights=True)
+                                                 rngs=rngs, return_weights=True,
+                                                 return_parts=return_weights)
     x = self.sub.output(0, x, attended, rngs)
     cross, weights = self.cross_attention(self.sub.input(1, x), *cross_kv, cross_mask, rngs=rngs,
-                                          return_weights=True)
+                                          return_weights=True, return_parts=return_weights)
     x = self.sub.output(1, x, cross, rngs)
     x = self.sub.output(2, x, self.mlp(self.sub.input(2, x), rngs), rngs)
     if return_weights:
@@ -177,12 +190,17 @@ class Transformer(nnx.Module):
 
   # The variants the Transformer takes: every registry entry but `location`, whose score
   # reads a query's position weights from the query alone (an RNN decoder's alignment model).
-  ATTENTION_NAMES = tuple(name for name in VARIANTS if name != "location")
+  # Read from the registries each time (`live`): what is registered when a command runs.
+  ATTENTION_NAMES = live(lambda cls: tuple(name for name in VARIANTS if name != "location"))
   PACKS = True  # Segment ids keep packed sentences apart (where the variant can: VARIANTS).
-  POSITION_NAMES = tuple(POSITIONS)  # Every way of giving word order.
+  POSITION_NAMES = live(lambda cls: tuple(POSITIONS))  # Every way of giving word order.
   SHARES_KV_HEADS = True  # `config.model.num_kv_heads` may be fewer than the query heads.
-  NORMALIZED = tuple(name for name in ATTENTION_NAMES if VARIANTS[name].normalizes)
+  NORMALIZED = live(lambda cls: tuple(name for name in cls.ATTENTION_NAMES
+                                      if VARIANTS[name].normalizes))
   UNATTENDED = ()  # Every variant attends to the source.
+  # Whose weights take attention dropout: not those that never form them (`linear`).
+  WEIGHT_DROPOUT = live(lambda cls: tuple(name for name in cls.ATTENTION_NAMES
+                                          if VARIANTS[name].weight_dropout))
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
@@ -193,10 +211,33 @@ class Transformer(nnx.Module):
       return (f"config.model.num_kv_heads={cfg.num_kv_heads} does not divide"
               f" config.model.num_heads={cfg.num_heads}; each key/value head serves the same"
               " number of query heads: choose a divisor (1 is multi-query attention).")
-    if POSITIONS[cfg.positions].rotate and (cfg.emb_dim // cfg.num_heads) % 2:
-      return (f"config.model.positions={cfg.positions!r} turns pairs of features, but the heads"
-              f" have {cfg.emb_dim // cfg.num_heads} (emb_dim / num_heads, odd); choose sizes"
-              " that give heads an even size.")
+    if cfg.attention_gate not in GATES:
+      return (f"config.model.attention_gate={cfg.attention_gate!r} is not a gate; use one of:"
+              f" {', '.join(GATES)}.")
+    if not cfg.qk_norm_scale >= 0.0:  # Also NaN.
+      return (f"config.model.qk_norm_scale={cfg.qk_norm_scale} must be 0 (log2(L^2 - L) for L ="
+              " config.model.max_len) or a positive initial scale.")
+    head_dim = cfg.emb_dim // cfg.num_heads
+    for field in ("positions", "decoder_positions"):
+      if POSITIONS[cfg[field] or cfg.positions].rotate and head_dim % 2:
+        return (f"config.model.{field}={cfg[field]!r} turns pairs of features, but the heads"
+                f" have {head_dim} (emb_dim / num_heads, odd); choose sizes that give heads an"
+                " even size.")
+    reach = {"attention_window": cfg.max_len - 1, "attention_globals": cfg.max_len}
+    for field in VARIANTS[cfg.attention].hyperparameters:
+      if field in reach and cfg[field] >= reach[field]:
+        return (f"config.model.{field}={cfg[field]} reaches every one of config.model.max_len="
+                f"{cfg.max_len} positions, which is full attention, not {cfg.attention!r}; use"
+                f" attention=scaled_dot, or {field} below {reach[field]}.")
+    if VARIANTS[cfg.attention].layered and head_dim % 4:
+      return (f"config.model.attention={cfg.attention!r} splits each head's {head_dim} features"
+              " (emb_dim / num_heads) into two maps of whole feature pairs; choose sizes that"
+              " give heads a multiple of 4.")
+    if cfg.qk_norm and VARIANTS[cfg.attention].qk_scale is None:
+      dot = ", ".join(name for name, variant in VARIANTS.items() if variant.qk_scale)
+      return (f"config.model.qk_norm=True normalizes the queries and keys of dot products, and"
+              f" {cfg.attention!r} attention's scores are not; use one of: {dot}, or"
+              " qk_norm=False.")
     return None
 
   def __init__(self, cfg: ml_collections.ConfigDict, vocab_size: int, *, rngs: nnx.Rngs,
@@ -205,7 +246,8 @@ class Transformer(nnx.Module):
     self.dim = cfg.emb_dim
     self.num_heads = cfg.num_heads
     self.num_kv_heads = cfg.num_kv_heads or cfg.num_heads
-    self.positions = cfg.positions  # The name (static): POSITIONS[self.positions].
+    # The names (static): POSITIONS[self.positions], the encoder's, and the decoder's.
+    self.positions, self.decoder_positions = cfg.positions, decoder_positions(cfg)
     embed = lambda: nnx.Embed(  # noqa: E731
         vocab_size, cfg.emb_dim, dtype=dtype, rngs=rngs,
         embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5))
@@ -215,10 +257,10 @@ class Transformer(nnx.Module):
     self.logits_dense = None if cfg.share_embeddings else Linear(
         cfg.emb_dim, vocab_size, dtype=dtype, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate)
-    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype)
-                                    for _ in range(cfg.num_encoder_layers)])
-    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs, dtype)
-                                    for _ in range(cfg.num_decoder_layers)])
+    self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype, i)
+                                    for i in range(cfg.num_encoder_layers)])
+    self.decoder_layers = nnx.List([DecoderLayer(cfg, rngs, dtype, i)
+                                    for i in range(cfg.num_decoder_layers)])
     # Pre-LN leaves the residual stream unnormalized: normalize the stack outputs.
     final_norm = lambda: (nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)  # noqa: E731
                           if cfg.pre_ln else None)
@@ -228,12 +270,15 @@ class Transformer(nnx.Module):
     self.position_table = nnx.Embed(
         cfg.max_len, cfg.emb_dim, dtype=dtype, rngs=rngs,
         embedding_init=nnx.initializers.normal(stddev=cfg.emb_dim**-0.5),
-    ) if POSITIONS[cfg.positions].learned_table else None
+    ) if any(POSITIONS[name].learned_table for name in (self.positions,
+                                                         self.decoder_positions)) else None
 
-  def _embed(self, table: nnx.Embed, ids, positions, rngs):
-    x = table(ids)
+  def _embed(self, ids, positions, rngs, *, target: bool = False):
+    """The source's (or the `target`'s) scaled embeddings, with its side's positions where
+    they are added at the input, after dropout."""
+    x = (self.tgt_embed if target else self.src_embed)(ids)
     x = x * jnp.sqrt(self.dim).astype(x.dtype)
-    embed = POSITIONS[self.positions].embed
+    embed = POSITIONS[self.decoder_positions if target else self.positions].embed
     if embed is not None:
       x = x + embed(positions, self.dim, self.position_table).astype(x.dtype)
     return _dropout(self.dropout, x, rngs)
@@ -255,7 +300,7 @@ class Transformer(nnx.Module):
     src_mask = masks.padding_mask(src_ids, segments)
     if positions is None:
       positions = jnp.arange(src_ids.shape[1])
-    x = self._embed(self.src_embed, src_ids, positions, rngs)
+    x = self._embed(src_ids, positions, rngs)
     for layer in self.encoder_layers:
       x = layer(x, src_mask, _rows(positions), rngs)
     if self.encoder_norm is not None:
@@ -273,7 +318,7 @@ class Transformer(nnx.Module):
     """
     if positions is None:
       positions = jnp.arange(tgt_in_ids.shape[1])
-    y = self._embed(self.tgt_embed, tgt_in_ids, positions, rngs)
+    y = self._embed(tgt_in_ids, positions, rngs, target=True)
     self_mask = masks.decoder_self_mask(tgt_in_ids, segments)
     cross_mask = masks.cross_mask(memory.src_mask, segments)
     for layer, kv in zip(self.decoder_layers, memory.cross_kv, strict=True):
@@ -284,17 +329,21 @@ class Transformer(nnx.Module):
                         tgt_in_ids: jnp.ndarray) -> dict[str, jnp.ndarray]:
     """Every attention of one teacher-forced pass (for pictures), by kind, each
     `[layers, batch, heads, queries, keys]`: `cross` (target on source), `encoder` (source on
-    source) and `decoder` (target on the target so far: causal)."""
+    source) and `decoder` (target on the target so far: causal). Then what makes them, where
+    the model has it, as `<kind>_<part>`: differential attention's two maps `<kind>_map1` and
+    `<kind>_map2` (the weights are `map1 - lambda map2`) and `<kind>_lambda` (`[..., queries,
+    1]`, the layer's lambda repeated); a gated output's `<kind>_gate` (`[..., queries, 1]`:
+    the gate on each head's output, an element-wise gate's mean over the head's features)."""
     src_mask = masks.padding_mask(src_ids)
     src_positions, tgt_positions = jnp.arange(src_ids.shape[1]), jnp.arange(tgt_in_ids.shape[1])
-    x = self._embed(self.src_embed, src_ids, src_positions, None)
+    x = self._embed(src_ids, src_positions, None)
     encoder = []
     for layer in self.encoder_layers:
       x, weights = layer(x, src_mask, _rows(src_positions), return_weights=True)
       encoder.append(weights)
     if self.encoder_norm is not None:
       x = self.encoder_norm(x)
-    y = self._embed(self.tgt_embed, tgt_in_ids, tgt_positions, None)
+    y = self._embed(tgt_in_ids, tgt_positions, None, target=True)
     self_mask = masks.decoder_self_mask(tgt_in_ids)
     decoder, cross = [], []
     for layer in self.decoder_layers:
@@ -302,8 +351,14 @@ class Transformer(nnx.Module):
                                             src_mask, _rows(tgt_positions), return_weights=True)
       decoder.append(self_weights)
       cross.append(weights)
-    return {"cross": jnp.stack(cross), "encoder": jnp.stack(encoder),
-            "decoder": jnp.stack(decoder)}
+    by_kind = {"cross": cross, "encoder": encoder, "decoder": decoder}
+    found = {kind: jnp.stack([parts["weights"] for parts in layers])
+             for kind, layers in by_kind.items()}
+    for kind, layers in by_kind.items():
+      for part in layers[0]:
+        if part != "weights":
+          found[f"{kind}_{part}"] = jnp.stack([parts[part] for parts in layers])
+    return found
 
   def init_cache(self, memory: Memory, max_len: int) -> Cache:
     """An empty cache for decoding up to `max_len` target tokens."""
@@ -317,7 +372,7 @@ class Transformer(nnx.Module):
   def decode_step(self, memory: Memory, cache: Cache,
                   token_ids: jnp.ndarray) -> tuple[jnp.ndarray, Cache]:
     """Feeds `token_ids [batch]` at position `cache.index`; returns `[batch, vocab]` logits."""
-    y = self._embed(self.tgt_embed, token_ids[:, None], cache.index[None], None)  # [batch, 1, dim]
+    y = self._embed(token_ids[:, None], cache.index[None], None, target=True)  # [batch, 1, dim]
     self_mask = masks.cache_mask(cache.index, cache.self_kv[0][0].shape[2])
     new_kv = []
     for layer, kv, layer_cache in zip(self.decoder_layers, memory.cross_kv, cache.self_kv,

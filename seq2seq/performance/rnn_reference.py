@@ -14,8 +14,8 @@ from seq2seq.models.rnn import RNN
 
 
 class CellAsWritten:
-  """`GateKernels`' interface over the `nnx` cell itself: nothing multiplied before the loop,
-  the cell applied to the concatenated inputs at every step."""
+  """`recurrence.GateKernels`' interface over the `nnx` cell itself: nothing multiplied before
+  the loop, the cell applied to the concatenated inputs at every step."""
 
   def __init__(self, cell: nnx.Module):
     self.cell = cell

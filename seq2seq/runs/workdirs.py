@@ -22,6 +22,7 @@ dies, so a killed run never blocks the next one. The file is removed on release.
 import fcntl
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -29,7 +30,9 @@ import ml_collections
 
 from seq2seq import config as config_lib
 from seq2seq.data import tokenizer
+from seq2seq.data.textio import write_bytes_atomically
 from seq2seq.errors import UserError
+from seq2seq.registry import import_extensions
 from seq2seq.runs.full_disk import DENIED
 
 CONFIG = Path("config.json")
@@ -73,6 +76,28 @@ def check_is_run_or_new(workdir: str | Path) -> None:
                     " the run, or a run's workdir.")
 
 
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+def partial_folder(output: Path) -> Path:
+  """The hidden folder `.<name>.partial<pid>` beside `output` that this process writes a
+  directory in before renaming it to `output` (a release, an export). A partial folder that a
+  killed command of this host left (its process gone) is removed first, so none outlives the
+  next export of the same output."""
+  for stale in output.parent.glob(f".{output.name}.partial*"):
+    pid = stale.name.rsplit(".partial", 1)[1]
+    if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+      shutil.rmtree(stale, ignore_errors=True)
+  return output.with_name(f".{output.name}.partial{os.getpid()}")
+
+
 def copy_vocabulary(source: Path, workdir: Path, field: str = "config.data.vocab_from") -> None:
   """Puts run `source`'s vocabulary in `workdir` (`field`: config.data.vocab_from, or
   config.train.init_from): the .vocab first and the .model last, each whole (written under a
@@ -86,9 +111,7 @@ def copy_vocabulary(source: Path, workdir: Path, field: str = "config.data.vocab
   target.parent.mkdir(parents=True, exist_ok=True)
   for ext in (".vocab", ".model"):
     if model.with_suffix(ext).is_file():
-      tmp = target.with_name(f"{target.stem}{ext}.tmp{os.getpid()}")
-      tmp.write_bytes(model.with_suffix(ext).read_bytes())
-      os.replace(tmp, target.with_suffix(ext))
+      write_bytes_atomically(target.with_suffix(ext), model.with_suffix(ext).read_bytes())
 
 
 def create_workdir(workdir: str | Path) -> bool:
@@ -231,6 +254,13 @@ def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
   from seq2seq import models  # What the family can build; it imports JAX, as decoding does.
   try:
     config_lib.validate(checked)
+  except UserError as e:
+    raise UserError(f"{path}: {str(e).rstrip('.')}; {EDITED_CONFIG_FIX}.") from None
+  try:  # The run's own files (docs/extending.md), as its training imported them.
+    import_extensions(checked.train.extensions)
+  except UserError as e:
+    raise UserError(f"{path}: {e}") from None
+  try:
     models.check_config(checked)
   except UserError as e:
     raise UserError(f"{path}: {str(e).rstrip('.')}; {EDITED_CONFIG_FIX}.") from None

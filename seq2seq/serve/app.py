@@ -70,6 +70,16 @@ class Hypothesis(BaseModel):
   score: float = Field(description=f"Its score: {SCORE}.")
 
 
+class DifferentialMaps(BaseModel):
+  map1: list[list[list[list[float]]]] = Field(
+      description="The first softmax map of each head, [layer][head][query][key]; its rows sum"
+                  " to 1.")
+  map2: list[list[list[list[float]]]] = Field(
+      description="The second softmax map, subtracted: the weights are map1 - lambda map2, whose"
+                  " rows sum to 1 - lambda and may be negative.")
+  lambda_: list[float] = Field(alias="lambda", description="Each layer's lambda.")
+
+
 class Attention(BaseModel):
   source: list[str] = Field(description="Source subwords, ending with </s>.")
   target: list[str] = Field(description="Target subwords of the best (or given) translation,"
@@ -86,6 +96,15 @@ class Attention(BaseModel):
   decoder: list[list[list[list[float]]]] | None = Field(
       None, description="Decoder self-attention, [layer][head][target][target_inputs], causal"
                         " (the Transformer's).")
+  maps: dict[str, DifferentialMaps] | None = Field(
+      None, description="Differential attention's two maps and lambda, by the name of the"
+                        " weights they make ('weights', 'encoder', 'decoder'; absent for other"
+                        " attention).")
+  gates: dict[str, list[list[list[float]]]] | None = Field(
+      None, description="A gated output's gate on each head, by the name of the weights"
+                        " ('weights', 'encoder', 'decoder'), [layer][head][query], from 0"
+                        " (the head's output shut) to 1; an element-wise gate's mean over the"
+                        " head's features (absent without a gate).")
 
 
 class TranslateResponse(BaseModel):

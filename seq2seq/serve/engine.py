@@ -317,15 +317,26 @@ class Engine:
     `<s>` then the target but its last), the cross-attention `weights`
     `[layers][heads][target][source]` and, where the model has them, the `encoder`
     (`[...][source][source]`) and `decoder` (`[...][target][target_inputs]`) self-attention,
-    rounded to 4 decimals; and the log-probability of each output subword (`log_probs`)."""
+    rounded to 4 decimals; and the log-probability of each output subword (`log_probs`).
+    Where the model has them, by the same names: `maps`, differential attention's two maps
+    (`map1`, `map2`: the weights are `map1 - lambda map2`) and its `lambda` per layer; and
+    `gates`, the gate on each head's output, `[layers][heads][queries]` (an element-wise
+    gate's mean over the head's features)."""
     src = run.alignments.translator.source_ids(line)[:run.longest - 1]
     weights, log_probs = run.alignments(src, out)
     named = labels(run.tokenizer.pieces, src, out)
     found = {"source": named["cross"][1], "target": named["cross"][0],
              "target_inputs": named["decoder"][1], "log_probs": log_probs}
+    rounded = lambda x: np.round(x, 4).tolist()  # noqa: E731
     for kind, name in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
       if kind in weights:
-        found[name] = np.round(weights[kind], 4).tolist()
+        found[name] = rounded(weights[kind])
+      if f"{kind}_map1" in weights:  # [layers, heads, queries, 1]: one lambda per layer.
+        found.setdefault("maps", {})[name] = {
+            "map1": rounded(weights[f"{kind}_map1"]), "map2": rounded(weights[f"{kind}_map2"]),
+            "lambda": rounded(weights[f"{kind}_lambda"][:, 0, 0, 0])}
+      if f"{kind}_gate" in weights:
+        found.setdefault("gates", {})[name] = rounded(weights[f"{kind}_gate"][..., 0])
     return found
 
 

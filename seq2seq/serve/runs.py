@@ -11,6 +11,7 @@ from seq2seq.data import tokenizer
 from seq2seq.decoding.alignment import Alignments
 from seq2seq.decoding.translator import Translator, check_is_run
 from seq2seq.errors import UserError
+from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
@@ -58,6 +59,10 @@ class ServedRun:
     m, t = self.config.model, next(iter(self.searches.values()))
     return {"name": self.name, "family": m.family, "attention": m.attention,
             "attention_described": attention_described(m),
+            # What the legends say of the weights: a normalizer's that need not sum to one.
+            "attention_normalizer": m.attention_normalizer,
+            "weights_sum_to_one": NORMALIZERS[m.attention_normalizer].sums_to_one,
+            "attention_gate": m.attention_gate,
             "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
             "alpha": self.alpha,
             "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
@@ -67,9 +72,9 @@ class ServedRun:
 def attention_described(model) -> str:
   """A run's attention in words, as the explorer names it beside the family: the variant, then
   each attention setting that is not config.py's default (the normalizer, the positions, shared
-  key/value heads: a family that takes none of the last two has them at their defaults, which
-  models.check_config holds it to), so that two runs that differ there read apart:
-  "scaled_dot attention, entmax15 normalizer"."""
+  key/value heads, QK-norm, the output gate, the decoder's positions: a family that takes one
+  not has it at its default, which models.check_config holds it to), so that two runs that
+  differ there read apart: "scaled_dot attention, entmax15 normalizer"."""
   default = config_lib.base_config().model
   parts = [f"{model.attention} attention"]
   if model.attention_normalizer != default.attention_normalizer:
@@ -78,6 +83,12 @@ def attention_described(model) -> str:
     parts.append(f"{model.positions} positions")
   if model.num_kv_heads not in (default.num_kv_heads, model.num_heads):
     parts.append(f"{model.num_kv_heads} key/value head" + "s" * (model.num_kv_heads > 1))
+  if model.qk_norm != default.qk_norm:
+    parts.append("QK-norm")
+  if model.attention_gate != default.attention_gate:
+    parts.append(f"{model.attention_gate} output gate")
+  if model.decoder_positions not in (default.decoder_positions, model.positions):
+    parts.append(f"{model.decoder_positions} positions in the decoder")
   return ", ".join(parts)
 
 

@@ -17,12 +17,12 @@ import jax
 import optax
 
 from seq2seq.errors import UserError
+from seq2seq.registry import Registry
 from seq2seq.runs import claim
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.full_disk import write_fault_error
 from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runtime import signals
-from seq2seq.training.registry import Registry
 from seq2seq.training.reports import CompileLog, Interval, Progress, TrainLog, due_every
 
 log = logging.getLogger("seq2seq")

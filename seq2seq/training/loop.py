@@ -64,7 +64,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises `UserError` in one line if `config` cannot train: a bad field (`config.validate`,
   `parents.check_fields`), what its model family cannot build (`models.check_config`), or a
   loss term or loop action it chooses that is not registered (`steps.LOSS_TERMS`,
-  `actions.ACTIONS`)."""
+  `actions.ACTIONS`; `models.check_config` imports the run's own files that may register
+  them first, `config.train.extensions`)."""
   config_lib.validate(config)
   parents.check_fields(config)
   models.check_config(config)

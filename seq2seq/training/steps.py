@@ -11,8 +11,8 @@ import optax
 from flax import nnx
 
 from seq2seq.data.special_ids import PAD_ID
+from seq2seq.registry import Registry
 from seq2seq.runs.train_state import TrainState
-from seq2seq.training.registry import Registry
 
 
 def cross_entropy(logits, targets, label_smoothing: float):

@@ -15,8 +15,13 @@ const state = {
   request: null,
   panels: [],  // The answers to it: [{run, answer}], one per run.
   sentence: 0, kind: "cross", layer: 1, head: "mean", rescale: false, zoom: 1,
+  map: "difference",  // Differential attention: its weights, or one of the two maps they are.
 };
-const VIEW = ["sentence", "kind", "layer", "head", "rescale", "zoom"];  // How it is shown.
+const VIEW = ["sentence", "kind", "layer", "head", "map", "rescale", "zoom"];  // How it is shown.
+// Differential attention's views (an answer's `maps`): its weights, map 1 - lambda map 2, or
+// one of the two softmax maps.
+const MAPS = {difference: "map 1 \u2212 \u03bb\u00b7map 2 (its weights)", map1: "map 1",
+              map2: "map 2"};
 const KINDS = {  // kind -> [the answer's field, what the rows are, what the columns are, name]
   cross: ["weights", "target", "source", "cross-attention (target on source)"],
   encoder: ["encoder", "source", "source", "encoder self-attention (source on source)"],
@@ -87,6 +92,7 @@ function readUrl() {
   state.layer = Math.max(1, Number(q.get("layer")) || 1);
   state.head = q.get("head") === "mean" || !q.has("head") ? "mean"
     : Math.max(1, Number(q.get("head")) || 1);
+  state.map = q.get("map") in MAPS ? q.get("map") : "difference";
   state.rescale = q.get("rescale") === "true";
   state.zoom = Number(q.get("zoom")) || 1;
   syncControls();
@@ -265,9 +271,13 @@ function matrix(panel) {
   const attention = panel.answer.attention?.[state.sentence];
   if (!attention) return {missing: panel.answer.errors?.[state.sentence] || "no attention"};
   const [field, rows, columns, name] = KINDS[state.kind];
-  const all = attention[field];
-  if (!all) return {missing: `${panel.run} (${runs[panel.run].family}) has no ${name}; its` +
-                             " one attention is the cross-attention."};
+  if (!attention[field]) return {missing: `${panel.run} (${runs[panel.run].family}) has no` +
+                                          ` ${name}; its one attention is the cross-attention.`};
+  // Differential attention: the map picked, or its weights (map 1 - lambda map 2), which may
+  // be negative (`signed`).
+  const maps = attention.maps?.[field];
+  const part = maps && state.map !== "difference" ? state.map : null;
+  const all = part ? maps[part] : attention[field];
   const layer = Math.min(state.layer, all.length);
   const heads = all[layer - 1];
   const head = state.head === "mean" ? "mean" : Math.min(state.head, heads.length);
@@ -275,11 +285,20 @@ function matrix(panel) {
     ? heads[0].map((row, r) => row.map((_, c) => heads.reduce((s, h) => s + h[r][c], 0) /
                                                  heads.length))
     : heads[head - 1];
-  const about = `${name}, layer ${layer} of ${all.length}, ` + (
+  const lambda = maps ? maps.lambda[layer - 1] : null;
+  const map = !maps ? "" : part ? `, ${MAPS[part]}`
+    : `, map 1 \u2212 \u03bb\u00b7map 2 (\u03bb ${lambda.toFixed(3)})`;
+  const about = `${name}${map}, layer ${layer} of ${all.length}, ` + (
     heads.length === 1 ? "its one head"
       : head === "mean" ? `mean of ${heads.length} heads` : `head ${head} of ${heads.length}`);
+  // A gated output: the gate on each head's output per row ([head][row]); the mean of the
+  // heads' for their mean.
+  const gates = attention.gates?.[field]?.[layer - 1];
+  const gate = !gates ? null : head === "mean"
+    ? gates[0].map((_, r) => gates.reduce((s, g) => s + g[r], 0) / gates.length)
+    : gates[head - 1];
   return {rows: attention[rows], columns: attention[columns], values, about, layer, head,
-          source: attention.source, all};
+          source: attention.source, all, signed: Boolean(maps) && !part, lambda, gate, gates};
 }
 
 function rescaled(values) {
@@ -290,12 +309,25 @@ function rescaled(values) {
   });
 }
 
+// A value's colour on white: weights (0 clear, 1 full blue); `diverging` true, a difference
+// of two maps (red above 0, blue below); "signed", weights that may be negative (blue above 0
+// as any weight, red below).
 function color(w, diverging = false) {
-  if (diverging) {
-    const a = Math.min(1, Math.abs(w)).toFixed(3);
-    return w >= 0 ? `rgba(190, 40, 40, ${a})` : `rgba(25, 80, 190, ${a})`;
-  }
+  const a = Math.min(1, Math.abs(w)).toFixed(3);
+  if (diverging === "signed") return w >= 0 ? `rgba(25, 80, 190, ${a})`
+    : `rgba(190, 40, 40, ${a})`;
+  if (diverging) return w >= 0 ? `rgba(190, 40, 40, ${a})` : `rgba(25, 80, 190, ${a})`;
   return `rgba(25, 80, 190, ${Math.min(1, Math.max(0, w)).toFixed(3)})`;
+}
+
+// A gate's colour on white: 0 (the head's output shut) clear, 1 (passed whole) full green.
+function gateColor(g) {
+  return `rgba(30, 130, 70, ${Math.min(1, Math.max(0, g)).toFixed(3)})`;
+}
+
+// How cells of `shown` are drawn (`color`'s second argument).
+function mode(shown) {
+  return shown.signed ? "signed" : false;
 }
 
 function render() {
@@ -347,6 +379,10 @@ function renderPickers() {
   fill($("#head"), heads === 1 ? [["mean", "1"]] : [
     ["mean", "mean of the heads"], ...[...Array(heads).keys()].map((i) => [i + 1, String(i + 1)])],
   state.head);
+  // Differential attention's two maps, beside its weights: a picker where a run has them.
+  const differential = found.some((a) => a.maps?.[field]);
+  $("#map-label").hidden = !differential;
+  if (differential) fill($("#map"), Object.entries(MAPS), state.map);
 }
 
 function renderPanel(id, panel, letter) {
@@ -382,12 +418,37 @@ function renderPanel(id, panel, letter) {
   }
   section.append(el("p", {class: "shows"}, "Shows: " + shown.about));
   section.append(sourceLine(shown.source));
-  section.append(heatmap(id, shown.rows, shown.columns, rescaled(shown.values), false));
-  const scale = weightScale();
-  section.append(colourBar(scale), overview(panel, shown));
+  section.append(heatmap(id, shown.rows, shown.columns, rescaled(shown.values), mode(shown), 1,
+                         shown.gate));
+  const scale = weightScale(panel, shown);
+  section.append(colourBar(scale));
+  if (shown.gate) section.append(gateNote(panel, shown));
+  section.append(overview(panel, shown));
   section.append(exports({...shown, values: rescaled(shown.values), runs: [panel.run],
                           title: `${panel.run}: ${shown.about}`}, scale));
   return shown;
+}
+
+// What the gate strip (the column right of a gated run's map) shows, and each head's gate in
+// the layer shown, the head shown in bold.
+function gateNote(panel, shown) {
+  const note = el("p", {class: "gates about"});
+  const mean = (values) => values.reduce((s, g) => s + g, 0) / values.length;
+  const elementwise = runs[panel.run].attention_gate === "elementwise";
+  const whose = shown.head === "mean" ? "the mean of the heads' gates on their outputs"
+    : `head ${shown.head}'s gate on its output`;
+  note.append(`Gate column: ${whose}, per row, from 0 (shut) to 1 (passed` +
+              " whole)" + (elementwise ? ", each the mean over the head's features (an" +
+                                         " element-wise gate)" : "") +
+              `; mean ${mean(shown.gate).toFixed(3)}. Mean gate by head in layer ${shown.layer}:`);
+  shown.gates.forEach((values, h) => {
+    note.append(" ");
+    const value = el("span", {class: "gate-value", "data-head": h + 1},
+                     `${h + 1}: ${mean(values).toFixed(3)}`);
+    if (h + 1 === shown.head) value.classList.add("current");
+    note.append(value);
+  });
+  return note;
 }
 
 function sourceLine(source) {
@@ -405,13 +466,14 @@ function sourceLine(source) {
 }
 
 // A heatmap that fits its panel: cells sized to the width left by the row labels (times the
-// zoom), column labels written upwards, row labels sticky when a zoom makes it scroll.
-function heatmap(id, rows, columns, values, diverging = false, most = 1) {
+// zoom), column labels written upwards, row labels sticky when a zoom makes it scroll. With
+// `gate` (a value per row), a last column shows it (`td.gate`, green: `gateColor`).
+function heatmap(id, rows, columns, values, diverging = false, most = 1, gate = null) {
   const wrap = el("div", {class: "map"});
   const width = $("#panels").clientWidth / (state.panels.length > 1 && id !== "panel-diff"
                                              ? 2 : 1) - 60;
   const labelWidth = Math.min(140, 12 + 7 * Math.max(...rows.map((r) => piece(r).text.length)));
-  const fit = Math.floor((width - labelWidth) / columns.length);
+  const fit = Math.floor((width - labelWidth) / (columns.length + (gate ? 1 : 0)));
   const cell = Math.max(4, Math.min(26, fit) * state.zoom);
   const font = Math.max(6, Math.min(12, cell - 2));
   const table = el("table", {class: "heatmap"});
@@ -424,6 +486,8 @@ function heatmap(id, rows, columns, values, diverging = false, most = 1) {
     if (cell >= 7) th.append(label(c));
     top.append(th);
   });
+  if (gate) top.append(el("th", {class: "gate", title: "the gate on the head's output"},
+                          cell >= 7 ? "gate" : ""));
   table.append(el("thead"));
   table.tHead.append(top);
   const body = el("tbody");
@@ -439,10 +503,19 @@ function heatmap(id, rows, columns, values, diverging = false, most = 1) {
       td.addEventListener("mouseenter", () => {
         $("#readout").textContent = `${$("#" + id + " h2").textContent}: row ` +
           `${row + 1} "${piece(r).text}", column ${column + 1} "${piece(columns[column]).text}"` +
-          `: ${value.toFixed(4)}` + (state.rescale && !diverging ? " (rescaled)" : "");
+          `: ${value.toFixed(4)}` + (state.rescale && diverging !== true ? " (rescaled)" : "");
       });
       tr.append(td);
     });
+    if (gate) {
+      const td = el("td", {class: "gate", "data-gate": gate[row].toFixed(4)});
+      td.style.background = gateColor(gate[row]);
+      td.addEventListener("mouseenter", () => {
+        $("#readout").textContent = `${$("#" + id + " h2").textContent}: row ${row + 1} ` +
+          `"${piece(r).text}", gate ${gate[row].toFixed(4)}`;
+      });
+      tr.append(td);
+    }
     tr.addEventListener("mouseenter", () => hover(row));
     tr.addEventListener("mouseleave", () => hover(null));
     body.append(tr);
@@ -465,8 +538,8 @@ function hover(row) {
     const shown = panel && state.kind === "cross" ? matrix(panel) : null;
     spans.forEach((span, c) => {
       const w = row !== null && shown && !shown.missing ? shown.values[row]?.[c] : undefined;
-      span.style.background = w === undefined ? "" : color(w);
-      span.style.color = w > 0.5 ? "#fff" : "";
+      span.style.background = w === undefined ? "" : color(w, mode(shown));
+      span.style.color = Math.abs(w) > 0.5 ? "#fff" : "";
     });
   }
 }
@@ -475,11 +548,22 @@ function hover(row) {
 // colour the bar has at v's place between `low` and `high`. Weights are drawn as they are,
 // 0 clear and 1 full colour, whatever the map's largest: a colour is one weight in every
 // panel, layer, head and thumbnail, so A and B can be read against each other. (Scaled to
-// each map's largest, A's full colour could be 0.3 and B's 0.9.)
-function weightScale() {
-  return {low: 0, high: 1, diverging: false,
-          legend: state.rescale ? "each row's weights over the row's largest"
-            : "attention weight"};
+// each map's largest, A's full colour could be 0.3 and B's 0.9.) Weights that may be negative
+// (differential attention's) run from -1, red, through 0, clear, to 1, blue. The legend says
+// where a run's weights do not sum to one over a row (its normalizer's, GET /runs).
+function weightScale(panel, shown) {
+  const info = runs[panel.run];
+  let legend = state.rescale ? "each row's weights over the row's largest" : "attention weight";
+  if (shown.signed) {
+    legend = (state.rescale ? "each row over its largest size; " : "") + "weight = map 1" +
+      " \u2212 \u03bb\u00b7map 2: blue, positive; red, negative (a row sums to" +
+      ` 1 \u2212 \u03bb, \u03bb ${shown.lambda.toFixed(3)})`;
+  }
+  if (info.weights_sum_to_one === false)
+    legend += `; ${info.attention_normalizer} weights need not sum to one: each is between 0` +
+      " and 1 on its own";
+  return shown.signed ? {low: -1, high: 1, diverging: false, signed: true, legend}
+    : {low: 0, high: 1, diverging: false, legend};
 }
 
 function differenceScale(most) {
@@ -495,7 +579,8 @@ function number(v) {  // A scale's end, as short as its precision allows.
 function colourBar(scale) {
   const bar = el("div", {class: "colour-bar"});
   bar.append(el("span", {class: "low"}, number(scale.low)),
-             el("span", {class: scale.diverging ? "scale diverging" : "scale"}),
+             el("span", {class: scale.diverging ? "scale diverging"
+                                  : scale.signed ? "scale signed" : "scale"}),
              el("span", {class: "high"}, number(scale.high)),
              el("span", {class: "about"}, scale.legend));
   return bar;
@@ -510,11 +595,15 @@ function overview(panel, shown) {
   box.append(el("p", {class: "about"}, "Every layer (rows) and head (columns); click one:"));
   const grid = el("div", {class: "grid"});
   grid.style.gridTemplateColumns = `repeat(${heads}, auto)`;
+  const gates = panel.answer.attention[state.sentence].gates?.[KINDS[state.kind][0]];
   layers.forEach((layer, l) => layer.forEach((values, h) => {
-    const canvas = el("canvas", {class: "thumb", title: `layer ${l + 1}, head ${h + 1}`,
-                                 "data-layer": l + 1, "data-head": h + 1});
+    const gate = gates ? gates[l][h].reduce((s, g) => s + g, 0) / gates[l][h].length : null;
+    const canvas = el("canvas", {class: "thumb", "data-layer": l + 1, "data-head": h + 1,
+                                 title: `layer ${l + 1}, head ${h + 1}` +
+                                   (gate === null ? "" : `, mean gate ${gate.toFixed(3)}`)});
     draw(canvas, rescaled(values), Math.max(1, Math.floor(64 / Math.max(values.length,
-                                                                         values[0].length))));
+                                                                         values[0].length))),
+         mode(shown));
     if (l + 1 === shown.layer && h + 1 === shown.head) canvas.classList.add("current");
     canvas.addEventListener("click", () => {
       state.layer = l + 1;
@@ -570,7 +659,8 @@ function renderDifference(shown) {
 
 function exports(shown, scale) {
   const box = el("div", {class: "exports"});
-  const base = (`${shown.runs.join("-minus-")}-${state.kind}-layer${shown.layer}` +
+  const map = shown.lambda === null || shown.lambda === undefined ? "" : `-${state.map}`;
+  const base = (`${shown.runs.join("-minus-")}-${state.kind}${map}-layer${shown.layer}` +
                 `-head${shown.head}-sentence${state.sentence + 1}`).replace(/[^\w.-]+/g, "_");
   const sentence = `Sentence ${state.sentence + 1}: ${state.request.lines[state.sentence]}`;
   const picture = () => svg(shown, scale, sentence);
@@ -580,7 +670,8 @@ function exports(shown, scale) {
     JSON: () => save(new Blob([JSON.stringify({
       runs: shown.runs, sentence: state.sentence + 1, text: state.request.lines[state.sentence],
       kind: state.kind, shows: shown.title, rows: shown.rows, columns: shown.columns,
-      weights: shown.values, scale}, null, 1)], {type: "application/json"}), base + ".json"),
+      weights: shown.values, ...(shown.gate ? {gate: shown.gate} : {}), scale}, null, 1)],
+                              {type: "application/json"}), base + ".json"),
   };
   box.append(el("span", {class: "about"}, "Export: "));
   for (const [format, action] of Object.entries(buttons)) {
@@ -625,8 +716,9 @@ function svg(shown, scale, sentence) {
   const width = PAD + Math.max(left + CELL * columns.length, measure(shown.title, BOLD) + PAD,
                                measure(sentence) + PAD, legendX + measure(scale.legend));
   const height = bar + 24;
-  const stops = scale.diverging
-    ? ["rgb(25, 80, 190)", "#fff", "rgb(190, 40, 40)"].map((c, i) =>
+  const stops = scale.diverging || scale.signed
+    ? (scale.signed ? ["rgb(190, 40, 40)", "#fff", "rgb(25, 80, 190)"]
+      : ["rgb(25, 80, 190)", "#fff", "rgb(190, 40, 40)"]).map((c, i) =>
       `<stop offset="${i / 2}" stop-color="${c}"/>`)
     : ['<stop offset="0" stop-color="rgb(25, 80, 190)" stop-opacity="0"/>',
        '<stop offset="1" stop-color="rgb(25, 80, 190)"/>'];
@@ -649,7 +741,8 @@ function svg(shown, scale, sentence) {
                `${escapeXml(r)}</text>`);
     shown.values[j].forEach((v, i) => parts.push(
       `<rect x="${left + i * CELL}" y="${top + j * CELL}" width="${CELL}" height="${CELL}"` +
-      ` fill="${color(scale.diverging ? v / scale.high : v, scale.diverging)}">` +
+      ` fill="${color(scale.diverging ? v / scale.high : v,
+                      scale.signed ? "signed" : scale.diverging)}">` +
       `<title>${v.toFixed(4)}</title></rect>`));
   });
   parts.push("</svg>");
@@ -678,7 +771,8 @@ $("#source").addEventListener("keydown", (e) => {
 for (const id of ["compare", "target-from"]) {
   $("#" + id).addEventListener("change", syncControls);  // The next Translate's, not the maps'.
 }
-const picked = {kind: (v) => v, layer: Number, head: (v) => (v === "mean" ? v : Number(v))};
+const picked = {kind: (v) => v, layer: Number, head: (v) => (v === "mean" ? v : Number(v)),
+                map: (v) => v};
 for (const [id, read] of Object.entries(picked)) {
   $("#" + id).addEventListener("change", (e) => { state[id] = read(e.target.value); render(); });
 }
