@@ -29,7 +29,13 @@ if [ ! -e runs ]; then
 fi
 [ -d .venv ] || { python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev,tfds]"; }
 . .venv/bin/activate
-TF="seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False --root=runs/tf_new"
+# The unpacked recipe of the attention comparisons, with the default recipe's positions and
+# attention dropout of then named, so that a later default does not change what these train.
+OLD_DEFAULT="--config.model.positions=sinusoidal --config.model.attention_dropout_rate=0.0"
+TF="seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False $OLD_DEFAULT"
+TF="$TF --root=runs/tf_new"
+TF2025="seq2seq-sweep --config=configs/multi30k_transformer.py --config.data.pack=False"
+TF2025="$TF2025 $OLD_DEFAULT --root=runs/tf_2025"
 # The RNN variants' first two seeds trained at the RNN recipe's former two length buckets (5,504
 # tokens a batch); their third seeds see the same batches.
 RNN="seq2seq-sweep --config=configs/multi30k_rnn.py --config.data.num_buckets=2"
@@ -81,6 +87,16 @@ runs() {
   for seed in 0 1; do study sinusoidal 0.0 0.1 $seed; done
   for seed in 0 1 2; do study rope 0.1 0.1 $seed; done
   study sinusoidal 0.0 0.0 0
+  # Issue 78: the attention of 2025 at the unpacked recipe of "The attention of today"
+  # (docs/experiments.md), two seeds each: QK-norm, the head-wise gate, differential attention,
+  # sigmoid attention, a decoder without positions, and ALiBi that knows left from right.
+  for seed in 0 1; do
+    for variant in "model.qk_norm=True" "model.attention_gate=headwise" \
+        "model.attention=differential" "model.attention_normalizer=sigmoid" \
+        "model.decoder_positions=none" "model.positions=alibi_directional"; do
+      echo "$TF2025 --sweep=$variant --sweep=train.seed=$seed"
+    done
+  done
   # Issue 56: the published recipe's three seeds on the CPU, each alone on both cores (2 to 3
   # hours on the AVX-512 hosts), each chosen on validation and scored on test once as soon as it
   # has trained (docs/recipe.md, "The same three seeds on the CPU"), then released to models/
