@@ -388,3 +388,24 @@ def test_a_child_naming_the_parents_own_languages_takes_its_vocabulary(run):
     c.data.vocab_languages = listed
     vocabulary.check_source(run, c.data, "config.train.init_from")
   assert vocabulary.languages(c.data) == ("de", "en")
+
+
+def test_a_resumed_child_keeps_one_record_of_its_parent(run, tmp_path):
+  """Resumed, a child never reads a parent again: another init_from (or none) now is refused
+  in one line, where config.json would have named it beside parent.json's; the same parent
+  by another path resumes."""
+  child = tmp_path / "child"
+  loop.train_and_evaluate(_child(run, num_steps=2), child)
+  before = (child / "config.json").read_text()
+  other = tmp_path / "other"
+  other.symlink_to(run.resolve())
+  loop.train_and_evaluate(_child(other, num_steps=4), child)  # The same parent: resumes.
+  assert Checkpoints(child, 2).all_steps()[-1] == 4
+  for changed in (_child(tmp_path / "elsewhere", num_steps=6), _child("", num_steps=6)):
+    with pytest.raises(UserError) as refused:
+      loop.train_and_evaluate(changed, child)
+    assert str(refused.value).startswith(
+        f"{child} holds a run trained with config.train.init_from={str(run)!r} (not")
+    assert "\n" not in str(refused.value)
+  assert json.loads((child / "config.json").read_text())["train"]["init_from"] == str(run)
+  assert json.loads(before)["train"]["init_from"] == str(run)

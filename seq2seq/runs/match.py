@@ -19,9 +19,13 @@ from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 
+# The fields that say which parent a run started from (docs/training.md).
+PARENT_FIELDS = ("init_from", "init_checkpoint", "init_keep", "init_fresh")
+
 
 def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
-  """Refuses to resume a run whose model or data config differ from `config`.
+  """Refuses to resume a run whose model or data config, or parent, differ from `config`
+  (a parent named by another path to it is the same: `config` takes the run's path).
 
   Raises:
     UserError: naming every differing field, its value in the run and in `config`.
@@ -31,12 +35,18 @@ def check_run_config(workdir: Path, config: ml_collections.ConfigDict) -> None:
     return
   saved = workdirs.read_json(path, workdirs.RUN_CONFIG_FIX)
   differ, flags = [], []
-  for section in ("model", "data"):
-    for key, value in config[section].to_dict().items():
-      was = workdirs.saved_value(saved, section, key, value)
-      if was != value:
-        differ.append(f"config.{section}.{key}={was!r} (not {value!r})")
-        flags.append(f"--config.{section}.{key}={was}")
+  # And where it started from: a resumed run never reads a parent again, so another one named
+  # now would stand in its config.json beside the parent.json of the one it started from.
+  fields = [(section, key) for section in ("model", "data") for key in config[section]]
+  fields += [("train", key) for key in PARENT_FIELDS]
+  for section, key in fields:
+    value = config[section][key]
+    was = workdirs.saved_value(saved, section, key, value)
+    if key == "init_from" and was and value and Path(was).resolve() == Path(value).resolve():
+      config.train.init_from = was  # The same parent by another path: recorded as it was.
+    elif was != value:
+      differ.append(f"config.{section}.{key}={was!r} (not {value!r})")
+      flags.append(f"--config.{section}.{key}={was}")
   if differ:
     raise UserError(f"{workdir} holds a run trained with {', '.join(differ)}; resume it with"
                     f" the run's values ({' '.join(flags)}), or pass a new --workdir.")
