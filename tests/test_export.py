@@ -15,7 +15,7 @@ from flax import nnx
 
 from seq2seq.data import corpus
 from seq2seq.data.special_ids import BOS_ID, EOS_ID
-from seq2seq.decoding import deploy
+from seq2seq.decoding import alignment, deploy
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.models import ATTENTION_BY_FAMILY, build_model, check_config, export
@@ -88,11 +88,12 @@ def our_log_probs(model, pairs: list[tuple[list[int], list[int]]]) -> list[np.nd
   return [log_probs[row, np.arange(len(out)), out] for row, (_, out) in enumerate(pairs)]
 
 
-def convert(model, config, directory) -> "ctranslate2.Translator":  # noqa: F821
+def convert(model, config, directory, alignment_layer=-1) -> "ctranslate2.Translator":  # noqa: F821
   import ctranslate2
   spm = directory.parent / f"{directory.name}.model"
   spm.write_bytes(b"a SentencePiece model")  # Copied beside the weights, not read.
-  export.TransformerConverter(model, config.model, PIECES, str(spm)).convert(str(directory))
+  export.TransformerConverter(model, config.model, PIECES, str(spm),
+                              alignment_layer).convert(str(directory))
   return ctranslate2.Translator(str(directory), compute_type="float32", intra_threads=1)
 
 
@@ -113,6 +114,25 @@ def test_ctranslate2_computes_what_the_model_computes(overrides, tmp_path):
   for (_, out), result, ours in zip(pairs, scored, our_log_probs(model, pairs), strict=True):
     assert result.tokens == [PIECES[i] for i in out]
     np.testing.assert_allclose(result.log_probs, ours, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_the_attention_ctranslate2_returns_is_the_chosen_layers_heads_averaged(layer, tmp_path):
+  """Of a 2-layer, 4-head model with random parameters, forced on a target: each layer's
+  cross-attention, its heads averaged (without the `</s>` column, which CTranslate2 leaves
+  out), and not the other layer's."""
+  config = model_config(num_heads=4)
+  model = random_model(config)
+  translator = convert(model, config, tmp_path / "model", alignment_layer=layer)
+  src, out = [5, 9, 14, 7, 21], [11, 6, 30, EOS_ID]
+  found = translator.translate_batch([[PIECES[i] for i in src]], beam_size=1,
+                                     target_prefix=[[PIECES[i] for i in out[:-1]]],
+                                     return_attention=True, max_decoding_length=len(out))[0]
+  ours = np.asarray(model.attention_weights(np.asarray([src + [EOS_ID]]), np.asarray(
+      [[BOS_ID] + out[:-1]]))["cross"])[:, 0].mean(1)[..., :-1]  # [layers, target, source]
+  attention = np.asarray(found.attention[0])[:len(out) - 1]
+  np.testing.assert_allclose(attention, ours[layer, :len(out) - 1], atol=2e-5)
+  assert not np.allclose(attention, ours[1 - layer, :len(out) - 1], atol=1e-3)
 
 
 # What does not convert, and the end of the line that says so (`ctranslate2_problem`).
@@ -178,6 +198,27 @@ def test_the_export_holds_the_model_its_vocabulary_and_where_it_came_from(run, e
   assert (exported / "sentencepiece.model").read_bytes() == (run / "vocab/spm.model").read_bytes()
   translator = deploy.CTranslate2Translator(exported)
   assert translator.settings["steps"] == [4] and translator.settings["workdir"] == str(run)
+
+
+def test_the_exports_attention_is_the_cross_attention_alignment_reads(run, exported):
+  """CTranslate2's `return_attention` on the export gives, for each output subword, our
+  model's cross-attention at the layer `--alignment` reads (the penultimate), its heads
+  averaged, to float32 rounding, on every source subword but `</s>` (which CTranslate2 leaves
+  out, as `--alignment` does): the links through the export are ours."""
+  ours = Translator(run, "latest", beam_size=1)
+  theirs = deploy.CTranslate2Translator(exported)
+  layer = theirs.settings["alignment_layer"]
+  assert layer == alignment.alignment_layer(ours, -2)
+  for text in corpus.read_split(ours.config.data, "val").src[:4]:
+    weights, source, target = alignment.alignment(ours, text)
+    found = theirs.translator.translate_batch(
+        [source[:-1]], beam_size=1, return_attention=True, max_decoding_length=len(target),
+        suppress_sequences=theirs.never)[0]
+    assert found.hypotheses[0] == target[:len(found.hypotheses[0])]
+    attention = np.asarray(found.attention[0])  # [output subwords, source subwords]
+    assert attention.shape == (len(found.hypotheses[0]), len(source) - 1)
+    np.testing.assert_allclose(attention, weights[layer].mean(0)[:len(attention), :-1],
+                               atol=2e-5)
 
 
 def test_greedy_translations_and_their_scores_are_ours(run, exported):

@@ -24,6 +24,7 @@ from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.decoding import search
 from seq2seq.decoding.translator import Translator, check_is_run
+from seq2seq.decoding.word_alignment import layer_index
 from seq2seq.errors import UserError
 from seq2seq.models import export as conversion
 from seq2seq.runs import workdirs
@@ -45,10 +46,13 @@ def check_exportable(workdir: str | Path, checkpoint: str) -> None:
                     " export one checkpoint, or --checkpoint=avg:N (their average).")
 
 
-def export(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
+def export(workdir: str | Path, checkpoint: str, output: str | Path,
+           alignment_layer: int = -2) -> Path:
   """Writes `checkpoint` of the run `workdir` (best, latest, a step, avg:N, selected) as a
   CTranslate2 model directory `output`, which must not exist; returns it. The directory appears
-  whole or not at all: it is written under another name, then renamed."""
+  whole or not at all: it is written under another name, then renamed. CTranslate2's
+  `return_attention` gives the cross-attention that `--alignment` reads at `alignment_layer`
+  (its default, the penultimate decoder layer), all heads averaged."""
   check_exportable(workdir, checkpoint)
   output = Path(output)
   if output.exists():
@@ -57,14 +61,15 @@ def export(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
   model = nnx.merge(translator.graphdef, translator.params)
   pieces = translator.tokenizer.pieces(np.arange(translator.tokenizer.vocab_size))
   c = translator.config
+  layer = layer_index(alignment_layer, c.model.num_decoder_layers)
   converter = conversion.TransformerConverter(model, c.model, pieces,
-                                              str(Path(workdir) / workdirs.VOCAB))
+                                              str(Path(workdir) / workdirs.VOCAB), layer)
   partial = workdirs.partial_folder(output)
   try:
     converter.convert(str(partial), force=True)
     settings = {"workdir": str(workdir), "checkpoint": checkpoint, "steps": translator.steps,
                 "max_len": c.model.max_len, "max_decode_len_a": c.eval.max_decode_len_a,
-                "max_decode_len_b": c.eval.max_decode_len_b}
+                "max_decode_len_b": c.eval.max_decode_len_b, "alignment_layer": layer}
     (partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, output)
   except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.

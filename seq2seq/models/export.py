@@ -144,12 +144,16 @@ def _stack_options(cfg) -> dict:
               rotary_dim=0 if rope else None, rotary_interleave=False)
 
 
-def model_spec(model: Transformer, cfg) -> TransformerSpec:
+def model_spec(model: Transformer, cfg, alignment_layer: int = -1) -> TransformerSpec:
   """`model` (of `config.model` `cfg`, which `ctranslate2_problem` passes) as CTranslate2's
-  `TransformerSpec`, every variable set (vocabulary and config apart)."""
+  `TransformerSpec`, every variable set (vocabulary and config apart). The attention it
+  returns (`return_attention`) is the cross-attention of decoder layer `alignment_layer`, all
+  heads averaged: what `--alignment` reads of our model at that layer."""
   options = _stack_options(cfg)
   spec = TransformerSpec(TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **options),
-                         TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **options))
+                         TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **options,
+                                                alignment_layer=alignment_layer,
+                                                alignment_heads=cfg.num_heads))
   encoder, decoder = spec.encoder, spec.decoder
   encoder.embeddings[0].weight = _array(model.src_embed.embedding)
   decoder.embeddings.weight = _array(model.tgt_embed.embedding)
@@ -188,14 +192,17 @@ class TransformerConverter(Converter):
     cfg: its `config.model` (one that `ctranslate2_problem` passes).
     pieces: the SentencePiece model's pieces, in id order (the model's vocabulary).
     sentencepiece_model: the path of that SentencePiece model.
+    alignment_layer: the decoder layer (from 0, or -1: the last) whose cross-attention, heads
+      averaged, CTranslate2 returns with `return_attention`.
   """
 
-  def __init__(self, model: Transformer, cfg, pieces: list[str], sentencepiece_model: str):
+  def __init__(self, model: Transformer, cfg, pieces: list[str], sentencepiece_model: str,
+               alignment_layer: int = -1):
     self.model, self.cfg, self.pieces = model, cfg, pieces
-    self.sentencepiece_model = sentencepiece_model
+    self.sentencepiece_model, self.alignment_layer = sentencepiece_model, alignment_layer
 
   def _load(self) -> TransformerSpec:
-    spec = model_spec(self.model, self.cfg)
+    spec = model_spec(self.model, self.cfg, self.alignment_layer)
     spec.register_source_vocabulary(self.pieces)
     spec.register_target_vocabulary(self.pieces)
     for name, token_id in SPECIAL_TOKENS.items():
