@@ -34,7 +34,7 @@ from seq2seq.models import build_model  # noqa: E402
 from seq2seq.performance.serving import clients_per_thread  # noqa: E402
 from seq2seq.runtime import compiling  # noqa: E402
 from seq2seq.serve.app import create_app, is_loopback, serving_in_background  # noqa: E402
-from seq2seq.serve.engine import Engine, Limits  # noqa: E402
+from seq2seq.serve.engine import BadRequest, Engine, Limits, exact  # noqa: E402
 from seq2seq.serve.runs import ServedRun, attention_described, compile_runs  # noqa: E402
 from tests.helpers import ENV, ROOT, VAL, free_port  # noqa: E402
 
@@ -246,7 +246,7 @@ def test_attention_has_a_row_per_target_and_a_column_per_source_subword(client, 
     served = np.asarray(attention["weights"])
     assert served.shape == weights.shape == (weights.shape[0], weights.shape[1], len(target),
                                              len(source))
-    np.testing.assert_allclose(served, weights, atol=1e-4)  # Served rounded to 4 decimals.
+    np.testing.assert_allclose(served, weights, atol=1e-4)  # Compiled against op by op.
     np.testing.assert_allclose(served.sum(-1), 1.0, atol=1e-3)
 
 
@@ -357,6 +357,45 @@ def test_hostile_bodies_are_a_4xx_with_one_line_and_the_server_stays_up(client, 
   assert client.post("/translate", json={"text": ["A dog."], "run": names[0]}).status_code == 200
 
 
+# What a client may send in any field, each a refusal wherever it is sent (but "attention":
+# true): lone surrogates, control characters, nulls and keys at any depth, huge lists, wrong
+# types. json.dumps writes a lone surrogate as its \ud800 escape, as a broken client does.
+ODD = {"lone surrogate": "\ud800", "control character": "a\u0000b", "empty": "",
+       "surrogate in a list": ["\ud800"], "surrogate in a nested list": [["A \udfff"]],
+       "null in a list": [None], "null in a nested list": [[None]], "object": {"a": None},
+       "surrogate key": {"\ud800": 1}, "empty list": [], "empty nested list": [[]],
+       "deep list": [[["\u2581Ein"]]], "huge number": 10**30, "negative": -1, "fraction": 1.5,
+       "true": True, "huge list": ["A dog."] * 5000,
+       "huge nested list": [["\u2581Hund"] * 5000]}
+
+
+@pytest.mark.parametrize("field", ["text", "run", "beam", "nbest", "attention", "target",
+                                   "target_subwords", "temperature", "the body"])
+def test_odd_values_in_every_field_are_a_4xx_naming_it_never_a_5xx(client, engine, names,
+                                                                    field):
+  """Every field goes through one validation (`refuse_what_is_not_text`, then its own
+  checks): each odd value, in each field of /translate (an unknown one too) or as the whole
+  body, is a 4xx whose one line names the field, never a 500 (a lone surrogate in
+  'target_subwords' was one, with a traceback in the log); the server stays up."""
+  base = {"text": ["A dog."], "run": names[0]}
+  for what, value in ODD.items():
+    if (field, value) == ("attention", True):
+      continue  # The one value that is no refusal.
+    body = value if field == "the body" else {**base, field: value}
+    answer = client.post("/translate", content=json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+    assert 400 <= answer.status_code < 500, (field, what, answer.status_code, answer.text)
+    assert list(answer.json()) == ["detail"], (field, what, answer.text)
+    line = answer.json()["detail"]
+    assert isinstance(line, str) and "\n" not in line, (field, what, line)
+    if field != "the body":
+      assert field in line, (field, what, line)
+  # Through the engine as through HTTP: the same validation, before any field is read.
+  with pytest.raises(BadRequest, match=r"target_subwords\[0\]\[1\] holds a lone surrogate"):
+    engine.translate(["A dog."], names[0], target_subwords=[["\u2581Ein", "\ud800"]])
+  assert client.post("/translate", json=base).status_code == 200
+
+
 @pytest.mark.parametrize("headers, detail", [
     ({"Content-Type": "application/x-www-form-urlencoded"},  # What curl -d sends.
      "the body is sent as application/x-www-form-urlencoded, so it is not read as JSON; send"
@@ -464,6 +503,111 @@ def test_a_target_given_as_subwords_is_scored_as_split(client, engine, names):
                      ({"target_subwords": [["▁Ein"]], "target": ["Ein"]}, "holds both")]:
     refused = client.post("/translate", json={**body, **extra})
     assert refused.status_code == 400 and why in refused.json()["detail"], refused.text
+
+
+def test_a_huge_target_subwords_list_is_refused_as_itself(client, names):
+  """Not as 'target' (it was: "target[0] has 24999 characters"): 'target_subwords' names
+  itself, over the request's limit as over the run's compiled lengths."""
+  body = {"text": ["A dog."], "run": names[0]}
+  answer = client.post("/translate", json={**body, "target_subwords": [["\u2581Hund"] * 5000]})
+  assert (answer.status_code, answer.json()["detail"]) == (
+      413, "target_subwords[0] holds 5000 subwords; send at most 200 per translation"
+           " (--max_chars characters).")
+  answer = client.post("/translate", json={**body, "target_subwords": [["\u2581Hund"] * 100]})
+  assert answer.status_code == 413 and answer.json()["detail"].startswith(
+      "target_subwords[0] (sentence 1) is 101 subwords long with </s>; for this sentence"), (
+      answer.text)
+
+
+def test_a_translation_cut_at_its_length_cap_scores_forced_back_as_the_search_scored_it(
+    client, names):
+  """A search that reaches a sentence's length cap stops without </s> (the session run, 4
+  steps in, never ends one): its subwords forced back through 'target_subwords' as its
+  attention lists them, without </s>, score what the search scored (no </s> it never chose)
+  and keep its rows, with a warning that says why. With </s> added, they score as a
+  translation that ends; a shorter target without </s> had its </s> left out: it gets one."""
+  body = {"text": SENTENCES[:2], "run": names[0], "attention": True}
+  searched = client.post("/translate", json=body).json()
+  targets = [found["target"] for found in searched["attention"]]
+  assert all(target[-1] != "</s>" for target in targets), targets  # Cut at the cap.
+  forced = client.post("/translate", json={**body, "target_subwords": targets}).json()
+  np.testing.assert_allclose(forced["scores"], searched["scores"], rtol=1e-5)
+  assert [found["target"] for found in forced["attention"]] == targets
+  for i, (warning, target) in enumerate(zip(forced["warnings"], targets, strict=True)):
+    assert warning.startswith(f"target_subwords[{i}] ends without </s> at {len(target)}"
+                              f" subwords, the length cap of a search of {names[0]} for"
+                              f" sentence {i + 1} ({len(target)}): a search cut there never"
+                              " chose </s>, so it is scored without </s>"), warning
+  ended = client.post("/translate", json={**body, "target_subwords": [
+      [*target, "</s>"] for target in targets]}).json()
+  assert "warnings" not in ended and ended["attention"][0]["target"] == [*targets[0], "</s>"]
+  assert abs(ended["scores"][0] - searched["scores"][0]) > 1e-3
+  short = [target[:3] for target in targets]
+  left_out, given = (client.post("/translate", json={**body, "target_subwords": subwords}).json()
+                     for subwords in (short, [[*target, "</s>"] for target in short]))
+  assert left_out["scores"] == given["scores"] and "warnings" not in left_out
+
+
+def test_weights_are_sent_whole_so_that_exact_zeros_stay_zeros(client, engine, names):
+  """Each weight is the float32 the model computed, not rounded to 4 decimals (which made a
+  real 0 and 0.00004 both 0.0): the API's weights read back bit for bit, the decoder's masked
+  weights (on a later target subword) are exactly 0, and a weight of 4e-5 stays itself, in the
+  fewest digits that read back as its float32."""
+  served = engine.runs[names[0]]
+  found = client.post("/translate", json={"text": SENTENCES[:1], "run": names[0],
+                                          "attention": True}).json()["attention"][0]
+  ids = served.searches[1, 1].hypotheses(SENTENCES[:1])[0][0].ids
+  weights, _ = served.alignments(served.alignments.translator.source_ids(SENTENCES[0]), ids)
+  for kind, field in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
+    np.testing.assert_array_equal(np.asarray(found[field], np.float32), weights[kind])
+  decoder = np.asarray(found["decoder"])
+  seen = np.tril(np.ones(decoder.shape[-2:], bool))  # A row's own subword and those before.
+  assert np.all(decoder[..., ~seen] == 0) and np.all(decoder[..., seen] > 0)
+  values = np.float32([0, 4e-5, 1e-9, 0.1, 0.123456789, 1, 2e-45])
+  sent = exact(values)
+  assert json.dumps(sent) == "[0.0, 4e-05, 1e-09, 0.1, 0.12345679, 1.0, 1.4013e-45]"
+  np.testing.assert_array_equal(np.float32(sent), values)
+
+
+def test_the_apis_examples_are_requests_this_server_answers(client, names):
+  """/docs' "Try it out" sends the description's example, which named a run "string" (a 404):
+  POST /translate's example, and a request of its fields' examples, name the first run served,
+  and are answered."""
+  spec = client.get("/openapi.json").json()
+  example = spec["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"][
+      "example"]
+  assert example == {"text": ["A dog runs on the beach."], "run": names[0]}
+  assert client.post("/translate", json=example).status_code == 200
+  fields = spec["components"]["schemas"]["TranslateRequest"]["properties"]
+  from_fields = {name: field["example"] for name, field in fields.items() if "example" in field}
+  assert from_fields == {**example, "beam": 1}
+  assert client.post("/translate", json=from_fields).status_code == 200
+  assert client.get("/runs").status_code == 200  # GET /runs takes nothing.
+
+
+def test_a_run_is_described_by_its_direction_size_and_parameters(runs, names, tmp_path):
+  """Its direction, its size, and what its parameters are: a checkpoint's step, an average's
+  steps, and for a released model (seq2seq-export --format=seq2seq) the average its
+  released.json records, not "checkpoint latest" of the one checkpoint it holds."""
+  from seq2seq.runs import released
+
+  output = released.release(runs[0], "avg:2", tmp_path / "released")
+  described = {spec: ServedRun("x", workdir, checkpoint, [1], 0.6, BATCH, 8).info()
+               for spec, workdir, checkpoint in (("latest", runs[0], "latest"),
+                                                 ("avg:2", runs[0], "avg:2"),
+                                                 ("released", output, "latest"))}
+  translator = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH)
+  size = int(sum(np.prod(x.shape) for x in jax.tree.leaves(translator.params)))
+  assert 1e3 <= size < 1e6 and described["latest"]["parameters"] == size
+  head = f"en->de, {size / 1e3:.0f}k parameters"
+  assert described["latest"]["described"] == f"{head}; checkpoint latest, step 4"
+  assert described["avg:2"]["described"] == f"{head}; checkpoint avg:2, the average of steps 2, 4"
+  info = described["released"]
+  assert info["described"] == (f"{head}; a released model: the average of steps 2, 4 of"
+                               f" {runs[0].name} (its checkpoint avg:2)")
+  assert info["released"] == {"run": runs[0].name, "steps": [2, 4], "checkpoint": "avg:2",
+                              "spec": "avg:2"}
+  assert info["direction"] == "en->de" and described["latest"]["released"] is None
 
 
 @pytest.mark.parametrize("beam", [1, 3], ids=["greedy", "beam-3"])
@@ -785,6 +929,25 @@ def test_the_explorer_fits_two_runs_maps_of_a_40_word_sentence_at_1400_px(explor
                                "e => e.getClientRects().length && e.offsetHeight > 40")
 
 
+def test_at_1280x720_translate_brings_the_first_maps_rows_into_view_below_the_pickers(
+    explorer):
+  """Two runs' maps of a 40-word sentence start below a 720 px window (its translations and
+  source line wrap): after Translate the page scrolls their first rows into view, under the
+  pickers, which stay at the top of the window."""
+  page, url, _ = explorer
+  page.set_viewport_size({"width": 1280, "height": 720})
+  try:
+    _open(page, url, FORTY + "\n" + SENTENCES[0])
+    page.wait_for_selector("#panel-b table.heatmap")
+    assert page.evaluate("window.scrollY") > 0
+    toolbar = page.eval_on_selector("#toolbar", "e => e.getBoundingClientRect().toJSON()")
+    top = page.eval_on_selector("#panel-a table.heatmap tbody",
+                                "e => e.getBoundingClientRect().top")
+    assert toolbar["top"] >= -1 and toolbar["bottom"] < top < 720 - 48, (toolbar, top)
+  finally:
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
 def test_panels_share_the_sentence_layer_head_and_hover(explorer, names):
   page, url, client = explorer
   api = [client.post("/translate", json={"text": SENTENCES[:2], "run": name,
@@ -867,12 +1030,14 @@ def _colour_bar(page, panel: str) -> dict:
 
 def _assert_drawn_on_their_bar(page, panel: str) -> np.ndarray:
   """Every weight cell of `panel` has the colour its colour bar shows at the cell's value, and
-  lies within the bar's range; returns the values."""
+  lies within the bar's range (its ends labelled to 3 significant digits, the cells' values
+  whole); returns the values."""
   bar = _colour_bar(page, panel)
   cells = page.eval_on_selector_all(f"#{panel} table.heatmap td:not(.gate)", """cells =>
       cells.map(c => [Number(c.dataset.w), getComputedStyle(c).backgroundColor])""")
   values = np.asarray([w for w, _ in cells])
-  assert bar["low"] <= values.min() and values.max() <= bar["high"]
+  assert bar["low"] - 5e-3 * abs(bar["low"]) <= values.min(), (bar, values.min())
+  assert values.max() <= bar["high"] + 5e-3 * abs(bar["high"]), (bar, values.max())
   for value, css in cells:
     np.testing.assert_allclose(_rgb(css), _bar_colour(bar, value), atol=2.5,
                                err_msg=f"{panel}: {value} on a bar of {bar}")
@@ -1027,13 +1192,142 @@ def test_the_page_reports_failures_in_its_own_terms(explorer, names):
   page.unroute("**/translate")
 
 
-def test_the_api_page_renders_the_translate_operation(explorer):
+def test_the_api_page_renders_the_translate_operation_and_its_example_works(explorer, names):
+  """/docs renders POST /translate, and its "Try it out" sends the example as it stands, which
+  the server answers (it named a run "string": a 404)."""
   page, url, _ = explorer
   page.goto(url + "/docs")  # The API's page renders the operation, not an error.
   page.wait_for_selector(".opblock-summary-path", timeout=30_000)
   paths = page.eval_on_selector_all(".opblock-summary-path",
                                     "paths => paths.map(p => p.textContent.trim())")
   assert "/translate" in paths and "Unable to render" not in page.inner_text("body")
+  page.click(".opblock-post .opblock-summary")
+  page.click(".opblock-post .try-out__btn")
+  assert json.loads(page.input_value(".opblock-post textarea.body-param__text")) == {
+      "text": ["A dog runs on the beach."], "run": names[0]}
+  page.click(".opblock-post .execute")
+  status = ".opblock-post .live-responses-table tbody .response-col_status"
+  page.wait_for_selector(status, timeout=30_000)
+  assert page.inner_text(status).strip() == "200"
+
+
+@pytest.fixture(scope="module")
+def explorer_sparse(browser, run, tmp_path_factory):
+  """The explorer over a sparse run, the session's with sparsemax in place of its softmax (the
+  same parameters: a normalizer has none), beside the session's run released at avg:2
+  (seq2seq-export --format=seq2seq), each serving sentences up to its data.max_len
+  (`_browser_over`), and their names."""
+  from seq2seq.runs import released
+
+  root = tmp_path_factory.mktemp("sparse")
+  shutil.copytree(run, root / "sparsemax", ignore=shutil.ignore_patterns("eval"))
+  saved = json.loads((root / "sparsemax" / "config.json").read_text(encoding="utf-8"))
+  saved["model"]["attention_normalizer"] = "sparsemax"
+  (root / "sparsemax" / "config.json").write_text(json.dumps(saved), encoding="utf-8")
+  released.release(run, "avg:2", root / "released")
+  workdirs = [root / "sparsemax", root / "released"]
+  names = run_names(workdirs)
+  with _browser_over(browser, [ServedRun(name, workdir, "latest", [1], 0.6, BATCH)
+                               for name, workdir in zip(names, workdirs, strict=True)]) as explorer:
+    yield (*explorer, names)
+
+
+def _cell(page, panel: str, value: float) -> str:
+  """The selector of the first weight cell of `panel` whose value is `value`."""
+  index = page.eval_on_selector_all(
+      f"#{panel} table.heatmap td:not(.gate)",
+      f"cells => cells.findIndex(c => Number(c.dataset.w) === {value})")
+  assert index >= 0, value
+  return f"#{panel} table.heatmap td:not(.gate) >> nth={index}"
+
+
+SHORT = [SENTENCES[0], SENTENCES[2], "Two dogs play in the snow.", "A man rides a red bike."]
+
+
+def _weight_text(value: float) -> str:
+  """A weight as the page writes it (its read-out, its figures' cells)."""
+  return "0 (exactly)" if value == 0 else f"{value:.2e}".replace("e-0", "e-")
+
+
+def test_the_explorer_draws_exact_zeros_apart_and_says_what_each_run_is(explorer_sparse):
+  """At 1280x720, over a sparsemax run and a released model: a weight that is exactly 0 is
+  drawn hatched, apart from a small positive weight (both are near white by colour alone),
+  with an "exactly 0" legend, and stays so in the exports (JSON, SVG); the read-out says
+  which, and is cleared when the sentence or the runs change; the first map's rows are in the
+  window after Translate, and the pickers stay in view as the page scrolls; the released
+  model is described as the average it is, each run by its direction and size."""
+  from PIL import Image
+
+  page, url, client, (sparse, release) = explorer_sparse
+  page.set_viewport_size({"width": 1280, "height": 720})
+  api = client.post("/translate", json={"text": SHORT, "run": sparse, "attention": True}).json()
+  weights = np.asarray(api["attention"][0]["weights"][0])  # Layer 1: [head, target, source].
+  head = int(np.argmin(np.where(weights > 0, weights, 1).min(axis=(1, 2))))
+  small = float(weights[head][weights[head] > 0].min())
+  assert 0 < small < 2e-3 and np.sum(weights[head] == 0) > 0  # Sparse: 0s and small weights.
+  _open(page, url, "\n".join(SHORT))
+  page.wait_for_selector("#panel-b table.heatmap")
+  # The first map's rows are in the window, below the pickers.
+  top = page.eval_on_selector("#panel-a table.heatmap tbody", "e => e.getBoundingClientRect().top")
+  assert 0 < top < 720 - 48, top
+  page.select_option("#head", str(head + 1))
+  zero, tiny = _cell(page, "panel-a", 0), _cell(page, "panel-a", small)
+  look = ("c => [c.className, getComputedStyle(c).backgroundColor,"
+          " getComputedStyle(c).backgroundImage]")
+  (zero_class, zero_colour, zero_image), (tiny_class, tiny_colour, tiny_image) = (
+      page.eval_on_selector(cell, look) for cell in (zero, tiny))
+  np.testing.assert_allclose(_rgb(zero_colour), _rgb(tiny_colour), atol=1)  # Colour alone: alike.
+  assert (zero_class, tiny_class, tiny_image) == ("zero", "", "none") and "gradient" in zero_image
+  pixels = [np.asarray(Image.open(io.BytesIO(page.locator(cell).screenshot())).convert("L"))
+            for cell in (zero, tiny)]
+  assert pixels[0].min() < 200 and pixels[1].min() > 245  # Drawn: hatched grey; near white.
+  assert page.inner_text("#panel-a .colour-bar .zero-key") == "exactly 0"
+  page.hover(zero)
+  assert page.inner_text("#readout").endswith(": 0 (exactly)")
+  page.hover(tiny)
+  assert page.inner_text("#readout").endswith(f": {_weight_text(small)}")
+  # Exported, the zeros stay zeros and the small weight itself.
+  with page.expect_download() as download:
+    page.click("#panel-a button.export[data-format=JSON]")
+  exported = json.loads(open(download.value.path(), encoding="utf-8").read())
+  assert exported["weights"] == weights[head].tolist() and exported["scale"]["zeros"] is True
+  with page.expect_download() as download:
+    page.click("#panel-a button.export[data-format=SVG]")
+  svg = open(download.value.path(), encoding="utf-8").read()
+  assert svg.count('fill="url(#zero)"') == np.sum(weights[head] == 0) + 1  # The cells, the key.
+  assert ">exactly 0</text>" in svg
+  with page.expect_download() as download:
+    page.click("#panel-a button.export[data-format=PNG]")
+  with Image.open(download.value.path()) as png:  # The SVG drawn at twice its size.
+    drawn = np.asarray(png.convert("L"))
+  for value, hatched in ((0, True), (small, False)):
+    x, y = (int(v) for v in re.search(rf'<rect x="(\d+)" y="(\d+)" width="16" height="16"'
+                                      rf' fill="[^"]*"><title>{re.escape(_weight_text(value))}<',
+                                      svg).groups())
+    cell = drawn[2 * y + 2:2 * y + 30, 2 * x + 2:2 * x + 30]
+    assert (cell.min() < 200) == hatched, (value, cell.min())
+  # The read-out is cleared when the sentence changes, and when the runs do.
+  page.click("#sentences li:nth-child(2)")
+  assert page.inner_text("#readout").strip() == ""
+  page.hover(zero)
+  page.select_option("#run-a", release)
+  page.select_option("#run-b", sparse)
+  page.click("#translate")
+  page.wait_for_function(f"document.querySelector('#panel-a h2').textContent === 'A: {release}'")
+  assert page.inner_text("#readout").strip() == ""
+  # Each run says what it is: a released model, the average its released.json records.
+  about = page.inner_text("#panel-a .about")
+  assert re.search(r"en->de, \d+k parameters; a released model: the average of steps 2, 4 of"
+                   r" run \(its checkpoint avg:2\); beam 1$", about), about
+  assert re.search(r"en->de, \d+k parameters; checkpoint latest, step 4; beam 1$",
+                   page.inner_text("#panel-b .about"))
+  # The pickers stay in view as the maps scroll under them.
+  page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+  assert page.evaluate("window.scrollY") > 100
+  box = page.eval_on_selector("#toolbar", "e => e.getBoundingClientRect().toJSON()")
+  assert abs(box["top"]) <= 1 and page.is_visible("#head")
+  page.select_option("#head", "1")  # Reachable where the page has scrolled to.
+  assert page.input_value("#head") == "1"
 
 
 def _texts(page, selector: str, read: str = "e.textContent") -> list:

@@ -5,10 +5,9 @@
   POST /translate   sentences in, translations (and scores, n-best lists, attention) out
   GET  /docs        the OpenAPI page (Swagger UI from the swagger-ui-bundle package)
 
-Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}` (`Refusal`,
-declared as such in the OpenAPI description); a body longer than a request within the limits
-can need is refused by its Content-Length, or as it streams in, before it is read whole
-(`BodyLimit`).
+Every refused request is a 4xx whose JSON body is `{"detail": "<one line>"}` (`Refusal`, so
+declared in the OpenAPI description); a body longer than a request within the limits can need
+is refused by its Content-Length, or as it streams in, before it is read whole (`BodyLimit`).
 """
 
 import contextlib
@@ -27,10 +26,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
-from seq2seq.serve.engine import BadRequest, Engine
+from seq2seq.serve.engine import Engine
+from seq2seq.serve.wire import BadRequest, refuse_what_is_not_text
 
 STATIC = Path(__file__).parent / "static"
 
@@ -39,6 +39,7 @@ class TranslateRequest(BaseModel):
   """Sentences to translate, one per entry, and how. Types are strict: `"beam": true` or
   `"beam": "4"` is refused, not read as 1 or 4."""
   model_config = ConfigDict(extra="forbid", strict=True)
+
   text: list[str] | str = Field(description="One sentence, or a list of sentences.",
                                 examples=[["A dog runs on the beach."]])
   run: str | None = Field(None, description="The run's name (GET /runs); needed when the"
@@ -56,7 +57,18 @@ class TranslateRequest(BaseModel):
       None, description="Forced decoding as 'target', each translation given as its subwords"
                         " (the 'target' of a translation's attention, </s> last or left out),"
                         " scored as split: a search may split its output otherwise than its"
-                        " text splits again. Instead of 'target'.")
+                        " text splits again. Instead of 'target'. One without </s> at the"
+                        " search's length cap for its sentence (a search cut there) is scored"
+                        " without </s>, as the search scored it, with a warning.")
+
+  @model_validator(mode="before")
+  @classmethod
+  def _text_everywhere(cls, body):
+    """The whole body as sent, before any field is read: every string in it, in whatever
+    field (one added later too), at whatever depth, and every key, is text
+    (`refuse_what_is_not_text`: a 400 naming where it is not)."""
+    refuse_what_is_not_text(body)
+    return body
 
 
 # What a score is, wherever one is described: not a per-subword mean.
@@ -197,12 +209,30 @@ def as_openapi_3_0(node):
 
 
 def _one_line(error: RequestValidationError) -> str:
-  """The first problem pydantic found, as one line naming the field."""
+  """The first problem pydantic found, as one line naming the field as a request writes it
+  (`target_subwords[0][1]`), without the member of a union pydantic tried (`list[str]`)."""
   first = error.errors()[0]
   if first["type"] == "json_invalid":
     return f"the body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})."
-  where = ".".join(str(part) for part in first["loc"] if part != "body") or "the body"
-  return f"{where}: {first['msg']}."
+  where = ""
+  for part in first["loc"][1:] if first["loc"][:1] == ("body",) else first["loc"]:
+    if isinstance(part, int):
+      where += f"[{part}]"
+    elif not where or part not in _UNION_MEMBERS:
+      where += f".{part}" if where else str(part)
+  return f"{where or 'the body'}: {first['msg']}."
+
+
+# How pydantic names the member of a union it tried, in an error's location: not a field.
+_UNION_MEMBERS = {"str", "int", "bool", "list[str]", "list[list[str]]"}
+
+
+def _refusal(detail: str, status: int, headers=None) -> JSONResponse:
+  """A refusal as the server sends every one: `{"detail": "<one line>"}`. Whatever the line
+  quotes of a request, it stays one line that UTF-8 can encode (a lone surrogate is written
+  as its escape), so that no refusal becomes a 500 on its way out."""
+  line = " ".join(str(detail).split("\n")).encode("utf-8", "backslashreplace").decode("utf-8")
+  return JSONResponse({"detail": line}, status_code=status, headers=headers)
 
 
 @contextlib.contextmanager
@@ -287,35 +317,43 @@ def _answer_refusals_in_one_line(app: FastAPI) -> None:
   @app.exception_handler(BadRequest)
   def bad_request(request: Request, error: BadRequest):
     del request
-    return JSONResponse({"detail": error.reason}, status_code=error.status)
+    return _refusal(error.reason, error.status)
 
   @app.exception_handler(HTTPException)
   def http_error(request: Request, error: HTTPException):
     del request
     reason = _unparsable(error)
     if reason is not None:
-      return JSONResponse({"detail": reason}, status_code=400)
-    return JSONResponse({"detail": error.detail}, status_code=error.status_code,
-                        headers=error.headers)
+      return _refusal(reason, 400)
+    return _refusal(error.detail, error.status_code, error.headers)
 
   @app.exception_handler(RequestValidationError)
   def invalid(request: Request, error: RequestValidationError):
     if isinstance(error.body, bytes | bytearray) and error.body:  # Not read as JSON: why.
       sent = request.headers.get("content-type")
       how = (f"is sent as {sent}" if sent else "comes without a Content-Type header")
-      return JSONResponse({"detail": f"the body {how}, so it is not read as JSON; send the"
-                                     " header Content-Type: application/json (curl: -H"
-                                     " 'Content-Type: application/json')."}, status_code=415)
-    return JSONResponse({"detail": _one_line(error)}, status_code=422)
+      return _refusal(f"the body {how}, so it is not read as JSON; send the header"
+                      " Content-Type: application/json (curl: -H 'Content-Type:"
+                      " application/json').", 415)
+    return _refusal(_one_line(error), 422)
 
 
-def _serve_the_docs(app: FastAPI) -> None:
-  """/docs: the bundled Swagger UI, over the description as OpenAPI 3.0 (which it renders)."""
+def _serve_the_docs(app: FastAPI, engine: Engine) -> None:
+  """/docs: the bundled Swagger UI, over the description as OpenAPI 3.0 (which it renders),
+  whose examples are requests this server answers: "Try it out" on POST /translate sends a
+  sentence to the first run served, by its name (a generated example names a run "string")."""
   describe = app.openapi
+  first = next(iter(engine.runs.values()))
+  example = {"text": TranslateRequest.model_fields["text"].examples[0], "run": first.name}
 
   def openapi_3_0() -> dict:
     if app.openapi_schema is None:
-      app.openapi_schema = as_openapi_3_0(describe())
+      schema = as_openapi_3_0(describe())
+      schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"][
+          "example"] = example
+      fields = schema["components"]["schemas"]["TranslateRequest"]["properties"]
+      fields["run"]["example"], fields["beam"]["example"] = first.name, first.beams[0]
+      app.openapi_schema = schema
     return app.openapi_schema
 
   app.openapi = openapi_3_0
@@ -335,7 +373,7 @@ def create_app(engine: Engine) -> FastAPI:
                                              " attention.", docs_url=None, redoc_url=None)
   app.add_middleware(BodyLimit, most=engine.limits.max_bytes)
   app.mount("/static", StaticFiles(directory=STATIC), name="static")
-  _serve_the_docs(app)
+  _serve_the_docs(app, engine)
   _answer_refusals_in_one_line(app)
 
   @app.get("/", include_in_schema=False)

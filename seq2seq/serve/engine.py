@@ -14,38 +14,19 @@ import dataclasses
 import logging
 import queue
 import threading
-import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
 
-from seq2seq.data import tokenizer
+from seq2seq.data import batching, tokenizer
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.decoding import search
 from seq2seq.decoding.alignment import labels
 from seq2seq.decoding.translator import Hypothesis, Translator
 from seq2seq.serve.runs import ServedRun
+from seq2seq.serve.wire import BadRequest, exact, refuse_what_is_not_text
 
 log = logging.getLogger("seq2seq")
-
-
-def _not_text(c: str) -> bool:
-  """A lone UTF-16 surrogate (no character: UTF-8 cannot encode it) or a control character
-  other than a tab (Unicode category Cc)."""
-  return "\ud800" <= c <= "\udfff" or (unicodedata.category(c) == "Cc" and c != "\t")
-
-
-def _named(c: str) -> str:
-  kind = "a lone surrogate" if "\ud800" <= c <= "\udfff" else "the control character"
-  return f"{kind} U+{ord(c):04X}"
-
-
-class BadRequest(Exception):
-  """A request the server refuses: its HTTP status and one line that says why."""
-
-  def __init__(self, status: int, reason: str):
-    super().__init__(reason)
-    self.status, self.reason = status, reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +51,10 @@ class _Job:
   nbest: int
   attention: bool
   targets: list[str] | None  # Forced decoding: the translations to score, one per line,
-  target_ids: list[list[int]] | None = None  # ... and their subword ids, without EOS.
+  target_ids: list[list[int]] | None = None  # ... and their subword ids, without EOS,
+  # ... and whether each is scored with EOS after them: not one given as subwords that a search
+  # cut at its length cap (`Engine._subword_targets`).
+  ended: list[bool] | None = None
   # Sentences that fail alone (over the run's compiled lengths), by index: why.
   failed: dict[int, str] = dataclasses.field(default_factory=dict)
   # Sentences answered with a caveat (a target the vocabulary cannot spell), by index: which.
@@ -103,19 +87,24 @@ class Engine:
                 target_subwords: Sequence[Sequence[str]] | None = None) -> dict:
     """The answer to one request (`BadRequest` for one the limits or runs refuse); with
     `target`, one translation per sentence, those translations scored instead of searched;
-    with `target_subwords`, translations given as subwords, scored as split."""
+    with `target_subwords`, translations given as subwords, scored as split. Every field goes
+    through `refuse_what_is_not_text` first (as the HTTP request did whole)."""
+    refuse_what_is_not_text({"text": text, "run": run, "target": target,
+                             "target_subwords": target_subwords})
     job = self._check(text, run, beam, nbest, attention)
     if target is not None and target_subwords is not None:
       raise BadRequest(400, "the request holds both 'target' and 'target_subwords'; send one.")
+    field = "target" if target_subwords is None else "target_subwords"
     if target_subwords is not None:
       target = self._subword_targets(job, target_subwords)
     if target is not None:
-      job.targets = self._check_targets(job, target)
+      job.targets = self._check_targets(job, target, field)
     self._queue.put(job)
     return job.answer.result()
 
   def _check_lines(self, field: str, lines: list[str]) -> None:
-    """Each entry of `field` (text or target) is one sentence within the limits."""
+    """Each entry of `field` (text or target) is one sentence within the limits (its
+    characters are text: `refuse_what_is_not_text`)."""
     for i, line in enumerate(lines):
       if not line.strip():
         raise BadRequest(400, f"{field}[{i}] is empty; send sentences with words in them.")
@@ -124,22 +113,28 @@ class Engine:
                               f" {self.limits.max_chars} per sentence (--max_chars).")
       if "\n" in line or "\r" in line:
         raise BadRequest(400, f"{field}[{i}] holds a line break; send one sentence per entry.")
-      odd = next((c for c in line if _not_text(c)), None)
-      if odd is not None:
-        raise BadRequest(400, f"{field}[{i}] holds {_named(odd)}, which is not text; remove it"
-                              " (JSON escapes such as \\ud800 must pair into one character).")
 
   def _subword_targets(self, job: _Job, subwords: Sequence[Sequence[str]]) -> list[str]:
     """Sets `job.target_ids` from translations given as subwords (a translation's `target`
     labels, `</s>` last or left out), as split: a search may split a text otherwise than
-    encoding its text again would. Returns their texts."""
+    encoding its text again would. Returns their texts.
+
+    A translation without `</s>` exactly as long as the search's length cap for its sentence
+    is what a search cut there gives (it never chose `</s>`): it is scored without `</s>`, as
+    the search scored it, and its answer says so (`warnings`). Another one without `</s>` (no
+    search gives it so) is one whose `</s>` was left out: it is scored with it."""
     if len(subwords) != len(job.lines):
       raise BadRequest(400, f"'target_subwords' and 'text' hold {len(subwords)} and"
                             f" {len(job.lines)} entries; send one translation per sentence.")
-    tokenizer, job.target_ids = job.run.tokenizer, []
+    tokenizer, job.target_ids, job.ended = job.run.tokenizer, [], []
     for i, pieces in enumerate(subwords):
+      if len(pieces) > self.limits.max_chars:  # A subword spells one character or more.
+        raise BadRequest(413, f"target_subwords[{i}] holds {len(pieces)} subwords; send at most"
+                              f" {self.limits.max_chars} per translation (--max_chars"
+                              " characters).")
       ids = [tokenizer.piece_id(piece) for piece in pieces]
-      if ids and ids[-1] == EOS_ID:  # The labels end with </s> where the search reached it.
+      ended = bool(ids) and ids[-1] == EOS_ID  # The labels end with </s> where the search did.
+      if ended:
         pieces, ids = pieces[:-1], ids[:-1]
       bad = next((p for p, j in zip(pieces, ids, strict=True)
                   if j is None or j in (PAD_ID, BOS_ID, EOS_ID)), None)
@@ -148,37 +143,50 @@ class Engine:
                               f" of {job.run.name}'s vocabulary" if pieces else "is empty")
                               + "; send the 'target' subwords of a translation by a run of"
                               " the same vocabulary.")
+      cap = _search_cap(job.run, job.lines[i])
+      if not ended and len(ids) == cap and i not in job.failed:
+        job.warned[i] = (f"target_subwords[{i}] ends without </s> at {len(ids)} subwords, the"
+                         f" length cap of a search of {job.run.name} for sentence {i + 1}"
+                         f" ({cap}): a search cut there never chose </s>, so it is scored"
+                         " without </s>, as the search scored it; add </s> last to score it"
+                         " as a translation that ends.")
       job.target_ids.append(ids)
+      job.ended.append(ended or len(ids) != cap)
     return [tokenizer.decode(ids) for ids in job.target_ids]
 
-  def _check_targets(self, job: _Job, target) -> list[str]:
+  def _check_targets(self, job: _Job, target, field: str = "target") -> list[str]:
     """The translations to score, one per sentence, each short enough for the run's compiled
-    attention programs for its sentence."""
+    attention programs for its sentence; `field`: the request's field that gave them."""
     targets = [target] if isinstance(target, str) else list(target)
     if len(targets) != len(job.lines):
       raise BadRequest(400, f"'target' and 'text' hold {len(targets)} and {len(job.lines)}"
                             " entries; send one translation per sentence.")
     if job.nbest > 1:
-      raise BadRequest(400, f"nbest {job.nbest} asks for a search's n best; with 'target' each"
+      raise BadRequest(400, f"nbest {job.nbest} asks for a search's n best; with '{field}' each"
                             " sentence has the one translation given: leave nbest at 1.")
-    self._check_lines("target", targets)
     run = job.run
-    if job.target_ids is None:
+    if job.target_ids is None:  # Given as text (`_subword_targets` checked subwords as such).
+      self._check_lines("target", targets)
       job.target_ids = [run.tokenizer.encode(translation) for translation in targets]
+      job.ended = [True] * len(targets)
     for i, (line, translation) in enumerate(zip(job.lines, targets, strict=True)):
       if i in job.failed:
         continue
-      length = len(job.target_ids[i]) + 1  # With EOS.
+      length = len(job.target_ids[i]) + job.ended[i]  # With EOS, where it is scored.
       longest = run.alignments.max_output(run.alignments.translator.source_ids(line))
       if length > longest:
-        job.failed[i] = (f"the target of sentence {i + 1} is {length} subwords long with"
-                         f" </s>; for this sentence {run.name} scores translations of up to"
+        what = (f"the target of sentence {i + 1}" if field == "target" else
+                f"target_subwords[{i}] (sentence {i + 1})")
+        job.warned.pop(i, None)
+        job.failed[i] = (f"{what} is {length} subwords long" + " with </s>" * job.ended[i]
+                         + f"; for this sentence {run.name} scores translations of up to"
                          f" {longest}: shorten the target.")
       elif unknown := _unspellable(run.tokenizer, translation):
-        job.warned[i] = (f"the target of sentence {i + 1} holds {unknown}, which the vocabulary"
-                         f" of {run.name} lacks: each is scored as <unk>, whose probability"
-                         " says nothing of the character (such a target can outscore a real"
-                         " translation); replace or remove it.")
+        job.warned[i] = " ".join(filter(None, (job.warned.get(i), (
+            f"the target of sentence {i + 1} holds {unknown}, which the vocabulary of"
+            f" {run.name} lacks: each is scored as <unk>, whose probability says nothing of the"
+            " character (such a target can outscore a real translation); replace or remove"
+            " it."))))
     self._refuse_if_all_failed(job)
     return targets
 
@@ -296,7 +304,8 @@ class Engine:
             scores.append(None)
             attention.append(None)
             continue
-          out = np.asarray([*job.target_ids[i], EOS_ID], np.int32)
+          # EOS, unless the target is a search's cut at its cap (`_subword_targets`).
+          out = np.asarray([*job.target_ids[i], *[EOS_ID] * job.ended[i]], np.int32)
           found = self._attention(run, line, out)
           translations.append(target)
           scores.append(float(found.pop("log_probs").sum()
@@ -317,7 +326,8 @@ class Engine:
     `<s>` then the target but its last), the cross-attention `weights`
     `[layers][heads][target][source]` and, where the model has them, the `encoder`
     (`[...][source][source]`) and `decoder` (`[...][target][target_inputs]`) self-attention,
-    rounded to 4 decimals; and the log-probability of each output subword (`log_probs`).
+    each weight the float32 the model computed (`exact`: an exact 0 stays 0, a weight of 1e-9
+    stays 1e-9); and the log-probability of each output subword (`log_probs`).
     Where the model has them, by the same names: `maps`, differential attention's two maps
     (`map1`, `map2`: the weights are `map1 - lambda map2`) and its `lambda` per layer; and
     `gates`, the gate on each head's output, `[layers][heads][queries]` (an element-wise
@@ -327,7 +337,7 @@ class Engine:
     named = labels(run.tokenizer.pieces, src, out)
     found = {"source": named["cross"][1], "target": named["cross"][0],
              "target_inputs": named["decoder"][1], "log_probs": log_probs}
-    rounded = lambda x: np.round(x, 4).tolist()  # noqa: E731
+    rounded = exact
     for kind, name in (("cross", "weights"), ("encoder", "encoder"), ("decoder", "decoder")):
       if kind in weights:
         found[name] = rounded(weights[kind])
@@ -338,6 +348,16 @@ class Engine:
       if f"{kind}_gate" in weights:
         found.setdefault("gates", {})[name] = rounded(weights[f"{kind}_gate"][..., 0])
     return found
+
+
+def _search_cap(run: ServedRun, line: str) -> int:
+  """The most subwords a search of `run` gives `line` (its output's cap, `search.decode_caps`:
+  that of the sentence's length with EOS, on the evaluation grid); a search that reaches it
+  stops without </s>."""
+  c = run.config
+  src_len = min(len(run.alignments.translator.source_ids(line)), run.longest - 1) + 1
+  return search.max_decode_len(batching.grid_length(src_len, c.model.max_len),
+                               c.eval.max_decode_len_a, c.eval.max_decode_len_b, c.model.max_len)
 
 
 def _unspellable(vocabulary: tokenizer.Tokenizer, text: str) -> str:

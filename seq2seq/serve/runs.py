@@ -1,10 +1,13 @@
 """The runs a server serves (`seq2seq-serve --workdir`): checked, loaded once, each with its
 searches and attention compiled ahead for every source length it answers."""
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import jax
 
 from seq2seq import config as config_lib
 from seq2seq.data import tokenizer
@@ -12,7 +15,7 @@ from seq2seq.decoding.alignment import Alignments
 from seq2seq.decoding.translator import Translator, check_is_run
 from seq2seq.errors import UserError
 from seq2seq.models.normalizers import NORMALIZERS
-from seq2seq.runs import workdirs
+from seq2seq.runs import released, workdirs
 
 log = logging.getLogger("seq2seq")
 
@@ -28,6 +31,14 @@ class ServedRun:
     first = Translator(workdir, checkpoint, beam_size=beams[0], alpha=alpha,
                        batch_size=batch_size)
     self.config = first.config
+    # A released model (seq2seq-export --format=seq2seq) says what its parameters are: the
+    # steps and checkpoint spec of its run (named by its folder alone, not its path).
+    self.released = None
+    if released.is_released(workdir):
+      record = json.loads((Path(workdir) / released.RECORD).read_text(encoding="utf-8"))
+      self.released = {"run": Path(record["workdir"]).name, "steps": record["steps"],
+                       **{k: record[k] for k in ("checkpoint", "spec") if k in record}}
+    self.num_params = int(sum(x.size for x in jax.tree.leaves(first.params)))
     model_limit = first.config.model.max_len - 1  # With EOS, a source fills model.max_len.
     if max_subwords is not None and not 1 <= max_subwords <= model_limit:
       raise UserError(f"--max_subwords={max_subwords} must be between 1 and {model_limit}"
@@ -66,7 +77,34 @@ class ServedRun:
             "checkpoint": t.checkpoint, "steps": t.steps, "beams": list(self.beams),
             "alpha": self.alpha,
             "direction": f"{self.config.data.src_lang}->{self.config.data.tgt_lang}",
+            "parameters": self.num_params, "released": self.released,
+            "described": self.described(),
             "max_subwords": self.longest - 1, "vocabulary": self.vocabulary}
+
+  def described(self) -> str:
+    """The run in words, as its panel names it beside its family and attention: its
+    direction, its size, and what its parameters are: "en->de, 2.6M parameters; checkpoint
+    avg:5, the average of steps 7600, 7800, 8000, 8200, 8400". A released model's single
+    checkpoint is the choice recorded in its released.json (an average stays one)."""
+    t = next(iter(self.searches.values()))
+    size = (f"{self.num_params / 1e6:.1f}M" if self.num_params >= 1e6 else
+            f"{self.num_params / 1e3:.0f}k" if self.num_params >= 1e3 else str(self.num_params))
+    head = f"{self.config.data.src_lang}->{self.config.data.tgt_lang}, {size} parameters"
+    if self.released is not None:
+      r = self.released
+      # The spec exported, and what it stood for where it differs: "selected = avg:5".
+      chosen = " = ".join(dict.fromkeys(filter(None, (r.get("checkpoint"), r.get("spec")))))
+      return (f"{head}; a released model: {_steps(r['steps'])} of {r['run']} (its checkpoint"
+              f" {chosen})")
+    return f"{head}; checkpoint {t.checkpoint}, {_steps(t.steps)}"
+
+
+def _steps(steps: Sequence[int]) -> str:
+  """Steps as the parameters are made of them: "step 8000", "the average of steps 7800,
+  8000"."""
+  if len(steps) == 1:
+    return f"step {steps[0]}"
+  return f"the average of steps {', '.join(map(str, steps))}"
 
 
 def attention_described(model) -> str:

@@ -57,6 +57,21 @@ function piece(p) {
   return {text: "\u00b7" + p, start: false, unk: false};
 }
 
+// A weight as the read-out and the figures write it: an exact 0 as such, a weight under
+// 0.001 in 3 digits of its own (the API sends each float32 whole: 0.00004 is not 0).
+function weightText(v) {
+  if (v === 0) return "0 (exactly)";
+  return Math.abs(v) >= 1e-3 ? v.toFixed(4) : v.toExponential(2);
+}
+
+// Whether a map's cell is drawn as exactly 0 (hatched grey, `td.zero`), apart from a small
+// weight: in a run's map (not in a difference of two, `diverging` true), a value that is 0.
+function exactZero(v, diverging) {
+  return v === 0 && diverging !== true;
+}
+
+const ZERO_FILL = "#c3c9d0";  // A thumbnail's exact 0, where a cell is too small to hatch.
+
 function label(p) {
   const {text, unk} = piece(p);
   return el("span", unk ? {class: "unk", title: "not in the run's vocabulary"} : {}, text);
@@ -205,11 +220,20 @@ async function translate() {
       setStatus("Done.");
     }
     render();
+    revealFirstMap();
   } catch (e) {
     refuse(e.message);
   } finally {
     button.disabled = false;
   }
+}
+
+// Scrolls the new maps into view where the first one's top rows are below the window (a
+// window 720 px high, sentences that wrap): the sentences and the pickers come to the top.
+function revealFirstMap() {
+  const rows = $("#panels table.heatmap tbody");
+  if (rows && rows.getBoundingClientRect().top + 48 > window.innerHeight)
+    $("#result").scrollIntoView({block: "start"});
 }
 
 // A refusal, the page's or the server's: says why, and leaves the state, so the maps on
@@ -332,6 +356,8 @@ function mode(shown) {
 
 function render() {
   $("#result").hidden = false;
+  // A cell read out before is not on screen any more (another sentence, run, layer, ...).
+  $("#readout").textContent = "\u00a0";
   renderSentences();
   renderPickers();
   $("#panels").style.setProperty("--columns", String(state.panels.length));
@@ -392,10 +418,11 @@ function renderPanel(id, panel, letter) {
   const info = runs[panel.run], answer = panel.answer, i = state.sentence;
   section.append(el("h2", {}, state.panels.length > 1 ? `${letter}: ${info.name}`
                                                          : info.name));
+  // What the run is: its family and attention; its direction, size and parameters (a
+  // released model's average, as its released.json says); and how it was asked.
   section.append(el("p", {class: "about"},
-    `${info.family}, ${info.attention_described}; checkpoint ${info.checkpoint} (steps ` +
-    `${info.steps.join(", ")}); ` + (state.request.compare ? "forced to the target" :
-                                       `beam ${answer.beam}`)));
+    `${info.family}, ${info.attention_described}; ${info.described}; ` +
+    (state.request.compare ? "forced to the target" : `beam ${answer.beam}`)));
   const translation = answer.translations[i];
   const line = el("p", {class: "translation-line"});
   if (translation === null) {
@@ -479,6 +506,10 @@ function heatmap(id, rows, columns, values, diverging = false, most = 1, gate = 
   const table = el("table", {class: "heatmap"});
   table.style.setProperty("--cell", `${cell}px`);
   table.style.setProperty("--font", `${font}px`);
+  // Column labels as tall as the longest one, not a fixed height: the map starts higher.
+  const tallest = cell >= 7 ? Math.max(...columns.map((c) => measure(
+    piece(c).text, `${font}px ${getComputedStyle(document.body).fontFamily}`))) : 0;
+  table.style.setProperty("--labels", `${Math.min(88, tallest + 6)}px`);
   const top = el("tr");
   top.append(el("th", {class: "corner"}));
   columns.forEach((c) => {
@@ -498,12 +529,15 @@ function heatmap(id, rows, columns, values, diverging = false, most = 1, gate = 
     th.append(label(r));
     tr.append(th);
     values[row].forEach((value, column) => {
-      const td = el("td", {"data-w": value.toFixed(4)});
-      td.style.background = color(value / most, diverging);
+      const td = el("td", {"data-w": String(value)});
+      // The colour alone (not the shorthand): an exact 0 adds its hatching (`td.zero`).
+      td.style.backgroundColor = color(value / most, diverging);
+      if (exactZero(value, diverging)) td.classList.add("zero");
       td.addEventListener("mouseenter", () => {
         $("#readout").textContent = `${$("#" + id + " h2").textContent}: row ` +
           `${row + 1} "${piece(r).text}", column ${column + 1} "${piece(columns[column]).text}"` +
-          `: ${value.toFixed(4)}` + (state.rescale && diverging !== true ? " (rescaled)" : "");
+          `: ${weightText(value)}` + (state.rescale && diverging !== true && value !== 0
+                                      ? " (rescaled)" : "");
       });
       tr.append(td);
     });
@@ -562,8 +596,11 @@ function weightScale(panel, shown) {
   if (info.weights_sum_to_one === false)
     legend += `; ${info.attention_normalizer} weights need not sum to one: each is between 0` +
       " and 1 on its own";
-  return shown.signed ? {low: -1, high: 1, diverging: false, signed: true, legend}
-    : {low: 0, high: 1, diverging: false, legend};
+  // A map with weights that are exactly 0 (a sparse normalizer's, a causal mask's) draws them
+  // hatched, apart from small weights; its legend says so.
+  const zeros = shown.values.some((row) => row.some((v) => v === 0));
+  return shown.signed ? {low: -1, high: 1, diverging: false, signed: true, legend, zeros}
+    : {low: 0, high: 1, diverging: false, legend, zeros};
 }
 
 function differenceScale(most) {
@@ -583,6 +620,12 @@ function colourBar(scale) {
                                   : scale.signed ? "scale signed" : "scale"}),
              el("span", {class: "high"}, number(scale.high)),
              el("span", {class: "about"}, scale.legend));
+  if (scale.zeros) {
+    bar.append(el("span", {class: "zero-key", title: "A weight that is exactly 0, not a small" +
+                                                     " one (0.0002 is drawn as a weight)"},
+                  ""));
+    bar.lastChild.append(el("span", {class: "swatch zero"}), "exactly 0");
+  }
   return bar;
 }
 
@@ -623,7 +666,7 @@ function draw(canvas, values, cell, diverging = false) {
   g.fillStyle = "#fff";
   g.fillRect(0, 0, canvas.width, canvas.height);
   values.forEach((row, r) => row.forEach((v, c) => {
-    g.fillStyle = color(v, diverging);
+    g.fillStyle = exactZero(v, diverging) ? ZERO_FILL : color(v, diverging);
     g.fillRect(c * cell, r * cell, cell, cell);
   }));
 }
@@ -704,6 +747,12 @@ const measure = (() => {
   return (text, font = FONT) => { g.font = font; return Math.ceil(g.measureText(text).width); };
 })();
 
+// An exact 0 in a figure: grey hatching on white, as on the page (`td.zero`), and its key.
+const HATCH = '<pattern id="zero" width="4" height="4" patternUnits="userSpaceOnUse"' +
+  ' patternTransform="rotate(45)"><rect width="4" height="4" fill="#fff"/>' +
+  '<rect width="1.5" height="4" fill="#8a949e"/></pattern>';
+const ZERO_KEY = "exactly 0";
+
 // The map as an SVG figure: {text, width, height}.
 function svg(shown, scale, sentence) {
   const rows = shown.rows.map((r) => piece(r).text);
@@ -713,8 +762,10 @@ function svg(shown, scale, sentence) {
   const [low, high] = [number(scale.low), number(scale.high)];
   const bar = top + CELL * rows.length + 14, barX = PAD + measure(low) + 4;
   const legendX = barX + 164 + measure(high) + 8;
+  const zeroX = legendX + measure(scale.legend) + 16;  // The key of exact zeros, where any.
   const width = PAD + Math.max(left + CELL * columns.length, measure(shown.title, BOLD) + PAD,
-                               measure(sentence) + PAD, legendX + measure(scale.legend));
+                               measure(sentence) + PAD, legendX + measure(scale.legend),
+                               scale.zeros ? zeroX + 16 + measure(ZERO_KEY) : 0);
   const height = bar + 24;
   const stops = scale.diverging || scale.signed
     ? (scale.signed ? ["rgb(190, 40, 40)", "#fff", "rgb(25, 80, 190)"]
@@ -728,11 +779,16 @@ function svg(shown, scale, sentence) {
     `<rect width="${width}" height="${height}" fill="#fff"/>`,
     `<text x="${PAD}" y="18" font-weight="bold" font-size="12">${escapeXml(shown.title)}</text>`,
     `<text x="${PAD}" y="36">${escapeXml(sentence)}</text>`,
-    `<defs><linearGradient id="scale">${stops.join("")}</linearGradient></defs>`,
+    `<defs><linearGradient id="scale">${stops.join("")}</linearGradient>${HATCH}</defs>`,
     `<text x="${PAD}" y="${bar + 10}">${low}</text>`,
     `<rect x="${barX}" y="${bar}" width="160" height="12" fill="url(#scale)"/>`,
     `<text x="${barX + 164}" y="${bar + 10}">${high}</text>`,
     `<text x="${legendX}" y="${bar + 10}">${escapeXml(scale.legend)}</text>`];
+  if (scale.zeros) {
+    parts.push(`<rect x="${zeroX}" y="${bar}" width="12" height="12" fill="url(#zero)"` +
+               ' stroke="#ccd3da"/>',
+               `<text x="${zeroX + 16}" y="${bar + 10}">${ZERO_KEY}</text>`);
+  }
   columns.forEach((c, i) => parts.push(
     `<text transform="translate(${left + i * CELL + 12},${top - 4}) rotate(-90)">` +
     `${escapeXml(c)}</text>`));
@@ -741,9 +797,9 @@ function svg(shown, scale, sentence) {
                `${escapeXml(r)}</text>`);
     shown.values[j].forEach((v, i) => parts.push(
       `<rect x="${left + i * CELL}" y="${top + j * CELL}" width="${CELL}" height="${CELL}"` +
-      ` fill="${color(scale.diverging ? v / scale.high : v,
-                      scale.signed ? "signed" : scale.diverging)}">` +
-      `<title>${v.toFixed(4)}</title></rect>`));
+      ` fill="${exactZero(v, scale.diverging) ? "url(#zero)"
+        : color(scale.diverging ? v / scale.high : v, scale.signed ? "signed" : scale.diverging)}">` +
+      `<title>${weightText(v)}</title></rect>`));
   });
   parts.push("</svg>");
   return {text: parts.join("\n"), width, height};
