@@ -3,9 +3,13 @@ CTranslate2 what it computes here (teacher-forced log-probabilities to float32 r
 others are refused in one line, and an exported run translates as `Translator` does: greedy
 search picks the same subwords; beam search, CTranslate2's own, mostly the same."""
 
+import contextlib
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -276,12 +280,126 @@ def test_the_command_writes_the_model_directory(run, tmp_path):
   assert deploy.CTranslate2Translator(tmp_path / "model").settings["steps"] == [2, 4]
 
 
-@pytest.mark.slow  # Two batch sizes of three engines, ours compiling: ~40 s.
-def test_the_benchmark_times_ours_against_ctranslate2(run):
+def child_processes() -> set[int]:
+  """The ids of this process's children, zombies too (Linux's /proc)."""
+  found = set()
+  for stat in Path("/proc").glob("[0-9]*/stat"):
+    with contextlib.suppress(OSError, IndexError, ValueError):
+      if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+        found.add(int(stat.parent.name))
+  return found
+
+
+def test_the_native_engine_translates_as_the_by_cap_one_where_the_caps_allow(run, exported):
+  """CTranslate2 as its users run it (`by_cap=False`: one call, its own batching by length,
+  one cap for all, the largest of ours) gives the by-cap translations where the caps agree:
+  every sentence of one cap (beam 4), and those of the largest cap. Greedy, each by-cap
+  translation begins the native one, which goes on past the sentence's own cap where it
+  reaches it unfinished (as the tiny run's all do; a trained model's seldom)."""
+  theirs = deploy.CTranslate2Translator(exported, intra_threads=2)
+  texts = [t for t in corpus.read_split(workdirs.read_run_config(run).data, "test").src[:60]
+           if t.strip()]
+  caps = [theirs.max_length(theirs.pieces(text)) for text in texts]
+  alike = [text for text, cap in zip(texts, caps, strict=True) if cap == min(caps)] + [""]
+  assert len(alike) > 8
+  assert ([text for text, _ in theirs.translate(alike, batch_size=4, by_cap=False)]
+          == [text for text, _ in theirs.translate(alike, batch_size=4)])
+  texts, caps = texts[:30], caps[:30]
+  assert max(caps) == theirs.one_cap(texts) and len(set(caps)) > 2
+  by_cap, one_call = ([text for text, _ in theirs.translate(texts, beam_size=1, batch_size=4,
+                                                           by_cap=grouped)]
+                      for grouped in (True, False))
+  assert all(long.startswith(short) for short, long in zip(by_cap, one_call, strict=True))
+  assert [long for long, cap in zip(one_call, caps, strict=True) if cap == max(caps)] == [
+      short for short, cap in zip(by_cap, caps, strict=True) if cap == max(caps)]
+
+
+def test_a_ctranslate2_worker_never_imports_jax_and_translates_as_in_process(run, exported):
+  """The benchmark's CTranslate2 engines, each in a process of its own: JAX never imported
+  there; the by-cap and the native engine give what `CTranslate2Translator` gives here; both
+  processes are gone once closed."""
+  before = child_processes()
+  setups = engines.worker_setups(run, "latest", exported, beam=4, batches=[1, 4], threads=2)
+  texts = corpus.read_split(workdirs.read_run_config(run).data, "test").src[:10] + [""]
+  theirs = deploy.CTranslate2Translator(exported, intra_threads=2)
+  with (engines.Worker("ctranslate2_float32", setups["ctranslate2_float32"]) as grouped,
+        engines.Worker(engines.NATIVE, setups[engines.NATIVE]) as native):
+    for worker, by_cap in ((grouped, True), (native, False)):
+      assert worker.wait_ready()["jax_imported"] is False
+      reply = worker.request("translate", texts=texts, batch=4)
+      assert reply["seconds"] > 0 and reply["translations"] == [
+          text for text, _ in theirs.translate(texts, batch_size=4, by_cap=by_cap)]
+      status = worker.request("status")
+      assert not status["jax_imported"] and status["jax_backends"] == []
+    assert reply["max_decoding_length"] == theirs.one_cap(texts)
+    assert {grouped.process.pid, native.process.pid} <= child_processes()
+  assert grouped.process.returncode == native.process.returncode == 0
+  assert child_processes() <= before
+
+
+def test_a_failing_worker_is_one_error_and_ends(run, exported, tmp_path):
+  """A worker that cannot load its engine, or fails a request, is one `EngineError` here that
+  names it; the process ends with the `with` (a failed request leaves it serving till then)."""
+  before = child_processes()
+  setups = engines.worker_setups(run, "latest", exported, beam=4, batches=[1], threads=2)
+  missing = {**setups["ctranslate2_int8"], "model": str(tmp_path / "missing")}
+  with pytest.raises(engines.EngineError, match=r"^ctranslate2_int8's worker \(process \d+\)"
+                     r" failed at start: FileNotFoundError: .*seq2seq.json"):
+    with engines.Worker("ctranslate2_int8", missing) as worker:
+      worker.wait_ready()
+  assert worker.process.returncode == 1
+  with engines.Worker("ctranslate2_int8", setups["ctranslate2_int8"]) as worker:
+    with pytest.raises(engines.EngineError, match="failed at translate: TypeError"):
+      worker.request("translate", texts=None, batch=1)
+    assert worker.request("status")["pid"] == worker.process.pid
+  assert worker.process.returncode == 0 and child_processes() <= before
+
+
+def test_an_interrupt_amid_a_request_ends_the_worker(run, exported):
+  """Ctrl-C while a worker translates: the worker is killed at once, not left running."""
+  setups = engines.worker_setups(run, "latest", exported, beam=4, batches=[1], threads=2)
+  texts = corpus.read_split(workdirs.read_run_config(run).data, "test").src[:200]
+  previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      with engines.Worker("ctranslate2_float32", setups["ctranslate2_float32"]) as worker:
+        worker.wait_ready()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        worker.request("translate", texts=texts * 5, batch=1)
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+  assert worker.process.returncode == -signal.SIGKILL
+
+
+def test_the_benchmark_ends_every_worker_when_one_fails(run, monkeypatch, tmp_path):
+  """One engine that cannot load: the benchmark raises its error, and no worker is left."""
+  before, setups = child_processes(), engines.worker_setups
+
+  def one_broken(*args, **kwargs):
+    found = setups(*args, **kwargs)
+    del found["ours"]  # (Quicker: no worker here imports JAX.)
+    found["ctranslate2_int8"]["model"] = str(tmp_path / "missing")
+    return found
+
+  monkeypatch.setattr(engines, "worker_setups", one_broken)
+  with pytest.raises(engines.EngineError, match="ctranslate2_int8's worker .* failed at start"):
+    engines.ctranslate2_benchmark(run, "latest", sentences=4, rounds=1)
+  assert child_processes() <= before
+
+
+@pytest.mark.slow  # Four engines in processes of their own at two batch sizes, ours compiling:
+def test_the_benchmark_times_ours_against_ctranslate2(run):  # ~40 s.
+  before = child_processes()
   results = engines.ctranslate2_benchmark(run, "latest", sentences=4, rounds=1)
   assert [r["batch"] for r in results] == [1, workdirs.read_run_config(run).eval.batch_size]
   for result in results:
     assert result["sentences"] == 4 and result["intra_threads"] == 2
+    assert result["separate_processes"] is True
     assert all(result[f"{name}_sentences_per_s"] > 0
-               for name in ("ours", "ctranslate2_float32", "ctranslate2_int8"))
-    assert result["float32_speedup"] > 0 and 0 <= result["equal_lines"] <= 1
+               for name in ("ours", "ctranslate2_float32", "ctranslate2_int8", engines.NATIVE))
+    assert result["float32_speedup"] > 0 and result["float32_native_speedup"] > 0
+    assert 0 <= result["equal_lines"] <= 1 and 0 <= result["native_equal_lines"] <= 1
+    assert result["native_max_decoding_length"] > 0
+    assert result["compiled_while_timed"] == 0 and result["idle_workers_cpu_s"] >= 0
+  assert child_processes() <= before

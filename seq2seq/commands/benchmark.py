@@ -52,6 +52,9 @@ ctranslate2 (the [export] extra): beam-search sentences/s of the run against the
 exported to CTranslate2 (seq2seq-export) in float32 and int8 on --intra_threads threads, at
 batch 1 and at the run's config.eval.batch_size, on its first --sentences test sentences, in
 --rounds interleaved rounds (seq2seq/performance/engines.py); the speedups are CTranslate2's.
+Each engine runs in a process of its own, the others idle while it is timed; one more,
+ctranslate2_float32_native, runs CTranslate2 as its users do (one call, its own batching by
+length, one decoding cap).
 """
 
 import functools

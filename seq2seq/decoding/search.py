@@ -23,6 +23,7 @@ from seq2seq.data import batching
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.decoding.beam_search import beam_search
 from seq2seq.decoding.beams import expand_to_beams
+from seq2seq.decoding.lengths import max_decode_len  # noqa: F401 (re-export)
 from seq2seq.decoding.scores import NEG_INF, in_use, length_penalty, translatable  # noqa: F401 (re-export)
 
 
@@ -76,11 +77,6 @@ def token_by_token(step_fn, cache, batch_size: int, max_len: int, pick,
 def greedy_search(step_fn, cache, batch_size: int, max_len: int) -> jnp.ndarray:
   """The most likely token at every step (`token_by_token`, `Greedy.pick`): `[batch, max_len]`."""
   return token_by_token(step_fn, cache, batch_size, max_len, Greedy.pick)[0]
-
-
-def max_decode_len(src_len: int, a: float, b: int, limit: int) -> int:
-  """Longest hypothesis for a padded source length: `a * src_len + b`, at most `limit`."""
-  return max(1, min(int(a * src_len + b), limit))
 
 
 def decode_caps(src, a: float, b: int, limit: int) -> jnp.ndarray:
