@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import pytest
@@ -76,13 +77,24 @@ def test_the_recipes_map_onto_joeynmt_layer_for_layer():
       "hidden_dropout": 0.3}
 
 
+# JoeyNMT's own counts of VARIANTS' models (joeynmt.model.build_model, summed over its torch
+# parameters), recorded from JoeyNMT 2.3.0 by test_joeynmt_builds_the_parameters_we_count's
+# script: what our count of its parameters is checked against where JoeyNMT is not installed.
+RECORDED = json.loads((Path(__file__).parent / "joeynmt_parameters.json").read_text())
+
+
+@pytest.mark.parametrize("vocab", ["700", "5000"])
+def test_our_count_of_joeynmts_parameters_is_joeynmts_own(vocab):
+  assert {name: joeynmt_parameters(joeynmt_model(c.model), int(vocab))
+          for name, c in VARIANTS.items()} == RECORDED["counts"][vocab]
+
+
 def test_the_recipes_parameters_on_both_sides():
   """The figures the report gives: JoeyNMT's Transformer has 6,144 attention biases more; its
   RNN lacks our unused context_proj (131,328) and has torch's second LSTM biases (3,072)."""
-  assert _ours(VARIANTS["transformer"], 5000) == 2_485_760
-  assert joeynmt_parameters(joeynmt_model(VARIANTS["transformer"].model), 5000) == 2_491_904
-  assert _ours(VARIANTS["rnn"], 5000) == 3_708_672
-  assert joeynmt_parameters(joeynmt_model(VARIANTS["rnn"].model), 5000) == 3_580_416
+  joeynmt = RECORDED["counts"]["5000"]
+  assert _ours(VARIANTS["transformer"], 5000) == 2_485_760 == joeynmt["transformer"] - 6_144
+  assert _ours(VARIANTS["rnn"], 5000) == 3_708_672 == joeynmt["rnn"] + 131_328 - 3_072
   assert [n for _, n in unmatched(VARIANTS["rnn"].model, 5000)] == [3072, -131_328, 0, 0]
 
 
@@ -250,6 +262,7 @@ def test_joeynmt_builds_the_parameters_we_count(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
   assert json.loads(result.stdout) == {n: joeynmt_parameters(m, 700) for n, m in models.items()}
+  assert json.loads(result.stdout) == RECORDED["counts"]["700"]  # The record still holds.
 
 
 @needs_joeynmt
