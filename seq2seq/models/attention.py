@@ -203,8 +203,9 @@ class MultiHeadAttention(nnx.Module):
     self.alpha = learned_alpha(normalizer, dict(hyperparameters), num_heads)
     if qk_norm and self.variant.qk_scale is None:
       raise TypeError(f"{attention} attention's scores are not dot products: no QK-norm.")
-    start = qk_norm_scale or math.log2(max(max_keys, 2) ** 2 - max(max_keys, 2))
-    self.qk_scale = nnx.Param(jnp.asarray(start, jnp.float32)) if qk_norm else None
+    length = max(max_keys, 2)  # Henry et al.'s L: log2(L^2 - L) unless a start is given.
+    self.qk_scale = (nnx.Param(jnp.asarray(qk_norm_scale or math.log2(length**2 - length),
+                                           jnp.float32)) if qk_norm else None)
     self.gate = None if gate == "none" else Linear(
         dim, num_heads if gate == "headwise" else dim, use_bias=False, dtype=dtype, rngs=rngs)
 
@@ -300,21 +301,22 @@ class MultiHeadAttention(nnx.Module):
         context = ungroup_rows(context, groups)
     if relative is not None and entry.value:
       context = context + entry.value(used, relative, self.position_params)
-    if self.gate is not None:
-      context = context * self.gate_values(x).astype(context.dtype)
+    gate = None if self.gate is None else self.gate_values(x)
+    if gate is not None:
+      context = context * gate.astype(context.dtype)
     out = self.out(merge_heads(context))
     if return_weights and return_parts:
-      return out, self._parts(x, weights, maps)
+      return out, self._parts(weights, maps, gate)
     return (out, weights) if return_weights else out
 
-  def _parts(self, x, weights, maps) -> dict[str, jnp.ndarray]:
+  @staticmethod
+  def _parts(weights, maps, gate) -> dict[str, jnp.ndarray]:
     """`__call__`'s weights with `return_parts`: the `weights`, the variant's `maps`, and the
-    `gate` of inputs `x` (the same, under jit, as the output's), `[batch, heads, q, 1]`: an
-    element-wise gate's mean over the head's features."""
-    if self.gate is None:
+    `gate` on each head's output, `[batch, heads, q, 1]`: an element-wise gate's mean over
+    the head's features."""
+    if gate is None:
       return {"weights": weights, **maps}
-    return {"weights": weights, **maps,
-            "gate": jnp.mean(self.gate_values(x), axis=-1, keepdims=True)}
+    return {"weights": weights, **maps, "gate": jnp.mean(gate, axis=-1, keepdims=True)}
 
 
 # Names from the papers, pointed at the variant that implements them: (name here, what it is).
