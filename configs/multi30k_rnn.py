@@ -9,7 +9,7 @@ dot, scaled_dot, location or none (Sutskever). 3,400 steps of ~3,180 real target
 so that `--checkpoint=avg:N` has the last ones to average.
 
 Expected result (README's results table, docs/recipe.md, "The RNN recipe at four length
-buckets"), measured on the 2-core AVX-512 development CPU, two runs at a time, started at
+buckets"), measured on a 2-core AVX-512 host, two runs at a time (busy), started at
 4250d5d: 52 minutes of train steps (3,520 real target tokens a second); greedy validation
 BLEU 36.87 at step 3,400, 38.16 with beam 4 (`best`, chosen on validation among
 `best,avg:3,avg:5`), and 37.69 (38.07 lowercase) on test_2016_flickr; its seed 1 scores

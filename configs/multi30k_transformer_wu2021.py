@@ -18,7 +18,7 @@ score 41.09 BLEU (41.54 lowercase) on test_2016_flickr, avg:10 chosen on validat
 lowercase). At e91b69c, seeds 0-2 on one H200 (seq2seq-sweep --sweep=train.seed=0,1,2
 --one_by_one --parallel=3: 9.4 minutes for the three) scored 41.51, 41.62 and 40.51
 lowercase, and their ensemble 42.56 lowercase on validation (docs/recipe.md). On the
-2-core AVX-512 development CPUs a step takes 0.86-1.14 s alone (115 to 161 minutes for the
+2-core AVX-512 hosts a step takes 0.86-1.14 s alone (115 to 161 minutes for the
 8,000, by host: seeds 0 and 1 at 504bd43 and again at 548f49b and 4ce6027, seed 2 at b585de6)
 and 1.6 s two runs at a time; there seeds 0, 1 and 2 scored 41.01, 40.91 and 40.75 lowercase
 on test_2016_flickr, avg:10 chosen on validation (41.48, 42.21 and 41.08), and the three as
