@@ -135,7 +135,7 @@ def _train_defaults() -> ml_collections.ConfigDict:
   t.loss_terms = ""  # Loss terms added to the objective: "name:weight,..." (e.g. "z_loss:1e-4").
   t.actions = ""  # Loop actions run after the built-in ones: "name,..." (e.g. "param_norm").
   # Start from a parent run (docs/training.md, "Starting from another run"; checked in
-  # training.parents): its workdir ("": off). Only its parameters by default; once this run has
+  # runs.parents): its workdir ("": off). Only its parameters by default; once this run has
   # a checkpoint of its own it resumes from that and never reads the parent again.
   t.init_from = ""
   # The parent's checkpoint: best, latest, selected, avg:N or a step. "best" (by validation

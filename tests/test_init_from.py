@@ -1,5 +1,5 @@
 """Starting a run from a parent run (config.train.init_from): what comes from the parent, what
-starts fresh, resuming, and the refusals (seq2seq/training/parents.py). The parent is the
+starts fresh, resuming, and the refusals (seq2seq/runs/parents.py). The parent is the
 session's shared `run` (tests/conftest.py: checkpoints at steps 2 and 4), which no test here
 may change."""
 
@@ -19,9 +19,9 @@ from seq2seq.compare import comparison
 from seq2seq.data import tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from seq2seq.runs import match
+from seq2seq.runs import match, parents
 from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.training import loop, parents, seeds
+from seq2seq.training import loop, seeds
 from seq2seq.training.trainer import Trainer
 from tests.helpers import read_metrics, rescore_one_piece, shared_run_config, small_run, snapshot
 

@@ -33,7 +33,7 @@ def load(workdir: Path, texts: Callable[[], list[str]],
 def source(config: ml_collections.ConfigDict) -> tuple[Path | None, str]:
   """The run whose vocabulary a new run takes instead of training one, and the field that names
   it: config.data.vocab_from, else the parent (config.train.init_from, whose vocabulary
-  `training.parents` checks is vocab_from's where both are set); (None, "") if neither."""
+  `runs.parents` checks is vocab_from's where both are set); (None, "") if neither."""
   if config.data.vocab_from:
     return Path(config.data.vocab_from), "config.data.vocab_from"
   if config.train.init_from:

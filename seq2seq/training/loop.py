@@ -17,12 +17,13 @@ import ml_collections
 
 from seq2seq import config as config_lib
 from seq2seq import models
+from seq2seq.runs import parents
 from seq2seq.runs.claim import Claim, writing_in
 from seq2seq.runs.full_disk import write_fault_is_user_error
 from seq2seq.runs.match import save_run_config
 from seq2seq.runs.train_state import TrainState
 from seq2seq.runtime import compiling, distributed, signals
-from seq2seq.training import actions, parents, steps
+from seq2seq.training import actions, steps
 from seq2seq.training.trainer import Trainer
 
 log = logging.getLogger("seq2seq")

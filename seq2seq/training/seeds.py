@@ -20,12 +20,12 @@ from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
 from seq2seq.errors import UserError
-from seq2seq.runs import vocabulary, workdirs
+from seq2seq.runs import parents, vocabulary, workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.claim import Claim, writing_in
 from seq2seq.runs.full_disk import write_fault_error, write_fault_is_user_error
 from seq2seq.runs.train_state import TrainState
-from seq2seq.training import actions, loop, parents
+from seq2seq.training import actions, loop
 from seq2seq.training.reports import CompileLog, Progress
 from seq2seq.training.trainer import Trainer, local_batches, stack, with_shardings
 

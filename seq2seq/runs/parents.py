@@ -266,7 +266,8 @@ def _listed(texts: list[str], noun: str) -> str:
 
 
 def starter(trainer, parent: Parent | None, run_dirs: list[Path]):
-  """What makes a new run's state: `trainer.new_state`, or from `parent` (`start`)."""
+  """What makes a new run's state: `trainer.new_state`, or from `parent` (`start`). `trainer`
+  is training's `Trainer` (or a seed group's), read for its config and its state's shapes."""
   if parent is None:
     return trainer.new_state
   return functools.partial(start, trainer, parent, run_dirs)
