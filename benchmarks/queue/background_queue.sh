@@ -6,14 +6,14 @@
 # Each line trains one run; a finished run is skipped and an unfinished one resumes from its last
 # checkpoint, so after a stop the same command continues where the queue stopped:
 #
-#   nohup setsid scripts/background_queue.sh > runs/queue.log 2>&1 &
+#   nohup setsid benchmarks/queue/background_queue.sh > runs/queue.log 2>&1 &
 #
 # (each run's output in runs/queue_logs/). A study whose runs must share one commit (issue 77's)
 # runs the queue from a checkout of its own, outside the work tree, so that later commits do not
 # change what its remaining lines train:
 #
 #   git worktree add --detach ~/seq2seq-queue COMMIT && cd ~/seq2seq-queue && nohup setsid \
-#     scripts/background_queue.sh > runs/queue.log 2>&1 &
+#     benchmarks/queue/background_queue.sh > runs/queue.log 2>&1 &
 #
 # (both checkouts' runs/ are the same folder, so the work tree reads the results).
 #
@@ -21,7 +21,7 @@
 # is in runs/queue.pgid (so: kill -TERM -- -$(cat runs/queue.pgid); -STOP and -CONT hold it
 # while a measurement needs a quiet machine).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # The checkout's root.
 # runs/ lives outside the work tree, in $SEQ2SEQ_RUNS (default ~/seq2seq-runs): a session's work
 # tree is laid anew while its machine is kept, and runs/ went with the work tree three times.
 if [ ! -e runs ]; then
