@@ -1,8 +1,8 @@
-"""seq2seq-side-by-side --anchor=joeynmt: JoeyNMT's config written from ours, its parameters
-counted against ours, the worker's protocol and the errors of a missing virtualenv, all without
-JoeyNMT; and --full_budget's config for each recipe. The tests that run JoeyNMT itself need its
-virtualenv ($JOEYNMT_PYTHON, made by the command in seq2seq/performance/anchor_joeynmt.py) and
-skip without it."""
+"""The JoeyNMT comparison, benchmarks/joeynmt (a reproduction outside the package): JoeyNMT's
+config written from ours, its parameters counted against ours, the worker's protocol and the
+errors of a missing virtualenv, all without JoeyNMT; and --full_budget's config for each recipe.
+The tests that run JoeyNMT itself need its virtualenv ($JOEYNMT_PYTHON, made by the command in
+benchmarks/joeynmt/anchor.py) and skip without it."""
 
 import io
 import json
@@ -16,12 +16,17 @@ import jax
 import pytest
 from flax import nnx
 
+from benchmarks.joeynmt import anchor as anchor_joeynmt
+from benchmarks.joeynmt import budget as joeynmt_budget
+from benchmarks.joeynmt import files as joeynmt_files
+from benchmarks.joeynmt import worker as joeynmt_worker
+from benchmarks.joeynmt.spec import joeynmt_model, joeynmt_parameters, unmatched
 from seq2seq.data import corpus, tokenizer
 from seq2seq.errors import UserError
 from seq2seq.models import build_model
-from seq2seq.models.joeynmt_spec import joeynmt_model, joeynmt_parameters, unmatched
-from seq2seq.performance import anchor_joeynmt, joeynmt_budget, joeynmt_files, joeynmt_worker
-from tests.helpers import ENV, FAST, ROOT, fast_tiny_config, load_config
+from tests.helpers import ENV, FAST, ROOT, fast_tiny_config, imported_modules, load_config
+
+COMMAND = [sys.executable, str(ROOT / "benchmarks" / "joeynmt" / "side_by_side.py")]
 
 JOEYNMT_PYTHON = os.environ.get("JOEYNMT_PYTHON", "")
 JOEYNMT_PYTHON = JOEYNMT_PYTHON and os.path.abspath(JOEYNMT_PYTHON)  # Tests run in other folders.
@@ -182,6 +187,13 @@ def test_replies_are_parsed_and_failures_named_in_one_line(tmp_path):
                                "start")
 
 
+def test_the_worker_imports_nothing_of_ours():
+  """It runs in JoeyNMT's virtualenv, which has neither seq2seq nor benchmarks/."""
+  worker = Path(joeynmt_worker.__file__)
+  assert imported_modules(worker, "seq2seq") | imported_modules(worker, "benchmarks") == set()
+  assert "torch" in imported_modules(worker, "torch")
+
+
 def test_the_worker_answers_each_request_and_survives_errors():
   def fail():
     raise ValueError("no\nsecond line")
@@ -197,7 +209,8 @@ def test_the_worker_answers_each_request_and_survives_errors():
 
 
 def test_a_python_without_joeynmt_is_refused_naming_the_setup(tmp_path, monkeypatch):
-  with pytest.raises(UserError, match="needs JoeyNMT 2.3.0 in a virtualenv of its own"):
+  with pytest.raises(UserError, match="The JoeyNMT comparison needs JoeyNMT 2.3.0 in a"
+                     " virtualenv of its own"):
     anchor_joeynmt.check_python("")
   with pytest.raises(UserError, match="is not an executable file; make JoeyNMT's virtualenv"):
     anchor_joeynmt.check_python(str(tmp_path / "missing" / "python"))
@@ -218,15 +231,28 @@ def test_a_python_without_joeynmt_is_refused_naming_the_setup(tmp_path, monkeypa
 
 
 def test_the_command_without_a_virtualenv_says_how_to_make_one():
-  env = {k: v for k, v in ENV.items() if k != "JOEYNMT_PYTHON"}
-  result = subprocess.run([sys.executable, "-c", "from seq2seq.commands import main;"
-                           " main.side_by_side()", "--anchor=joeynmt"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+  env = {k: v for k, v in ENV.items() if k not in ("JOEYNMT_PYTHON", "PYTHONPATH")}
+  result = subprocess.run(COMMAND, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
   assert result.returncode == 2
   assert result.stderr.splitlines() == [
-      f"error: --anchor=joeynmt needs JoeyNMT 2.3.0 in a virtualenv of its own; make JoeyNMT's"
-      f" virtualenv with `{anchor_joeynmt.SETUP_COMMAND}` and pass"
+      f"error: The JoeyNMT comparison needs JoeyNMT 2.3.0 in a virtualenv of its own; make"
+      f" JoeyNMT's virtualenv with `{anchor_joeynmt.SETUP_COMMAND}` and pass"
       " --joeynmt_python=.anchors/joeynmt/bin/python (or set $JOEYNMT_PYTHON)."]
+
+
+def test_the_packages_command_points_at_the_joeynmt_comparison():
+  """seq2seq-side-by-side times flax's examples/wmt only; --anchor=joeynmt, with the flags it
+  once took, names the command in benchmarks/ in one line."""
+  result = subprocess.run([sys.executable, "-c", "from seq2seq.commands import main;"
+                           " main.side_by_side()", "--joeynmt_python=python", "--anchor=joeynmt",
+                           "--steps=2"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [
+      "error: flag --anchor=joeynmt: JoeyNMT's comparison is a reproduction outside the package:"
+      " from a checkout, run `python benchmarks/joeynmt/side_by_side.py --joeynmt_python=...`"
+      " (benchmarks/joeynmt/README.md)."]
 
 
 def test_the_summary_is_of_medians_ours_over_joeynmts():
@@ -353,22 +379,19 @@ def test_a_workdir_of_another_recipe_is_refused(tmp_path):
 
 
 def test_config_and_workdir_go_with_full_budget():
-  result = subprocess.run([sys.executable, "-c", "from seq2seq.commands import main;"
-                           " main.side_by_side()", "--anchor=joeynmt",
-                           "--config=configs/multi30k_transformer.py"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+  result = subprocess.run([*COMMAND, "--config=configs/multi30k_transformer.py"], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.splitlines() == [
-      "error: --config and --workdir go with --anchor=joeynmt --full_budget, which needs both:"
-      " pass --anchor=joeynmt --full_budget --config=configs/multi30k_transformer.py"
+      "error: --config and --workdir go with --full_budget, which needs both: pass"
+      " --full_budget --config=configs/multi30k_transformer.py"
       " --workdir=runs/joeynmt/transformer."]
 
 
 def _full_budget(workdir) -> list[str]:
   """The --full_budget command on a tiny recipe: 6 steps decaying linearly, validation every
   2, 8 test sentences with beam 2."""
-  return [sys.executable, "-c", "from seq2seq.commands import main; main.side_by_side()",
-          "--anchor=joeynmt", "--full_budget", f"--config={ROOT / 'configs' / 'tiny.py'}", *FAST,
+  return [*COMMAND, "--full_budget", f"--config={ROOT / 'configs' / 'tiny.py'}", *FAST,
           "--config.train.num_steps=6", "--config.train.schedule=linear",
           "--config.eval.every_steps=2",
           f"--joeynmt_python={JOEYNMT_PYTHON}", f"--workdir={workdir}", "--beam=2",

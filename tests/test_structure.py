@@ -50,6 +50,13 @@ def test_the_package_has_no_import_cycle():
   assert find_cycle(graph) is None
 
 
+def test_the_package_imports_nothing_of_the_reproductions():
+  """benchmarks/ (not installed) may import the package; the package imports nothing of it."""
+  assert (ROOT / "benchmarks" / "joeynmt" / "anchor.py").is_file()
+  assert {module_name(p): found for p in PACKAGE.rglob("*.py")
+          if (found := imported_modules(p, "benchmarks"))} == {}
+
+
 # The layers, bottom up, in the order data flows: `shared` is the top-level modules that
 # every layer may use (errors, config, registry); each other layer is a subpackage.
 LAYERS = ("shared", "runtime", "data", "models", "runs", "decoding", "evaluation", "training",

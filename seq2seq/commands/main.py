@@ -28,8 +28,15 @@ def _show_in_help(command) -> None:
 
 def run(name: str) -> None:
   """Runs the command `seq2seq.commands.<name>` on `sys.argv` as absl's program; exits."""
+  run_module(f"seq2seq.commands.{name}")
+
+
+def run_module(module: str) -> None:
+  """Runs the command module `module`, written as those of seq2seq/commands/ are (its flags,
+  its `main(argv)`, its docstring the --help), on `sys.argv` as absl's program; exits. The
+  reproductions outside the package (benchmarks/) run theirs through it."""
   process.prepare_process()
-  command = importlib.import_module(f"seq2seq.commands.{name}")
+  command = importlib.import_module(module)
   from seq2seq.commands import cli  # Imports JAX: after the preamble.
 
   _show_in_help(command)
@@ -78,7 +85,7 @@ def plot_attention() -> None:
 
 
 def side_by_side() -> None:
-  """`seq2seq-side-by-side`: this project's speed against flax examples/wmt or JoeyNMT."""
+  """`seq2seq-side-by-side`: this project's speed against flax examples/wmt."""
   run("side_by_side")
 
 

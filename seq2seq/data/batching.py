@@ -342,7 +342,7 @@ def eval_batches(src_ids: list[np.ndarray], tgt_ids: list[np.ndarray], *, batch_
       `max_len`, the grid's cap (config.model.max_len).
     one_length: each batch holds examples of one grid length only, so every example is
       padded to its own length, and a batch has one decoding cap: for a decoder that takes
-      one per batch (JoeyNMT's, in `seq2seq-side-by-side --anchor=joeynmt`). Ours decode each
+      one per batch (JoeyNMT's, in the comparison of benchmarks/joeynmt). Ours decode each
       sentence to its own cap (`search.decode_caps`) in batches of every length.
 
   Returns:

@@ -1,11 +1,12 @@
-"""JoeyNMT's side of `seq2seq-side-by-side --anchor=joeynmt`, run by the Python of JoeyNMT's own
-virtualenv: it imports torch and joeynmt, and nothing of seq2seq (which that virtualenv lacks).
+"""JoeyNMT's side of the JoeyNMT comparison (benchmarks/joeynmt/side_by_side.py), run by the
+Python of JoeyNMT's own virtualenv: it imports torch and joeynmt, and nothing of seq2seq or of
+benchmarks/ (which that virtualenv lacks).
 
-  JOEYNMT_PYTHON -I joeynmt_worker.py SETUP.json
+  JOEYNMT_PYTHON -I benchmarks/joeynmt/worker.py SETUP.json
 
-SETUP.json holds JoeyNMT's config (`joeynmt_files.joeynmt_config`), the threads, the real
-target tokens per batch to match and the decoding batches; with `"budget"`, the worker is
-`Budget`, JoeyNMT's training at a recipe's full budget (`joeynmt_budget`), not the timing.
+SETUP.json holds JoeyNMT's config (`files.joeynmt_config`), the threads, the real target
+tokens per batch to match and the decoding batches; with `"budget"`, the worker is `Budget`,
+JoeyNMT's training at a recipe's full budget (`budget`), not the timing.
 Each line on stdin is a request, `{"command": ..., "arguments": {...}}`; each gets one JSON
 line on stdout, the reply, or `{"error": "Type: message"}` (the traceback goes to stderr).
 stdout carries nothing else: what JoeyNMT or torch print goes to stderr. The worker waits on
@@ -322,9 +323,9 @@ class Budget(Joey):
 
 
 def main(argv: list[str]) -> None:
-  # Run by path, Python puts this folder first on sys.path, where our profile.py would shadow
-  # the standard library's, which torch imports (the parent starts it with -I, which leaves it
-  # out; this is for a run by hand).
+  # Run by path, Python puts this folder first on sys.path, where a module of ours could shadow
+  # one that torch imports (the parent starts it with -I, which leaves it out; this is for a
+  # run by hand).
   here = os.path.dirname(os.path.abspath(__file__))
   sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
   replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")

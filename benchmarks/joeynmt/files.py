@@ -1,7 +1,7 @@
-"""JoeyNMT's inputs, written from ours for `seq2seq-side-by-side --anchor=joeynmt`
-(`anchor_joeynmt`): its config (`joeynmt_config`), a vocabulary file of our SentencePiece
-model's pieces (`write_vocabulary`), and our corpus as the plain-text files it reads
-(`write_corpus`), so that both sides read the same sentences and segment them alike.
+"""JoeyNMT's inputs, written from ours for the JoeyNMT comparison (`anchor`, `budget`): its
+config (`joeynmt_config`), a vocabulary file of our SentencePiece model's pieces
+(`write_vocabulary`), and our corpus as the plain-text files it reads (`write_corpus`), so
+that both sides read the same sentences and segment them alike.
 """
 
 from pathlib import Path
@@ -9,10 +9,10 @@ from pathlib import Path
 import ml_collections
 import sentencepiece as spm
 
+from benchmarks.joeynmt.spec import joeynmt_model
 from seq2seq.data import corpus
 from seq2seq.data.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from seq2seq.errors import UserError
-from seq2seq.models.joeynmt_spec import joeynmt_model
 
 # Characters at which JoeyNMT's reader (str.splitlines) breaks a line and ours does not.
 _LINE_BREAKS = "\v\f\x1c\x1d\x1e\x85\u2028\u2029"

@@ -1,8 +1,8 @@
 """This project against JoeyNMT 2.3.0 on a recipe's own data: the speed anchor researchers would
-pick instead (`seq2seq-side-by-side --anchor=joeynmt`).
+pick instead (benchmarks/joeynmt/side_by_side.py).
 
 JoeyNMT lives in a virtualenv of its own (torch is no dependency of this package), whose Python
-runs `joeynmt_worker.py` as a subprocess; this process drives it one request at a time, so that
+runs `worker.py` as a subprocess; this process drives it one request at a time, so that
 the two sides take turns on the same cores, round by round, and a noisy machine slows both alike.
 
 What is the same on both sides, per config (configs/multi30k_transformer.py, multi30k_rnn.py):
@@ -11,7 +11,7 @@ What is the same on both sides, per config (configs/multi30k_transformer.py, mul
 - the SentencePiece model (trained as a run trains it, or a run's, `vocab_from`): JoeyNMT
   segments with it through its own `sentencepiece` tokenizer, over a vocabulary file of the
   same pieces (its PAD and UNK ids swap places; every other id is ours);
-- the architecture, built from the config parameter for parameter (`models.joeynmt_spec`); what
+- the architecture, built from the config parameter for parameter (`spec`); what
   cannot match is listed, with the parameters it adds on JoeyNMT's side, in `unmatched`;
 - the real target tokens per batch: JoeyNMT's token budget is set so that its batches hold, on
   average over an epoch, the real target tokens ours hold (each pads as it does: ours in
@@ -49,15 +49,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from benchmarks.joeynmt.files import joeynmt_config, write_corpus, write_vocabulary
+from benchmarks.joeynmt.spec import VERSION, joeynmt_model, joeynmt_parameters, unmatched
 from seq2seq.data import batching, corpus
 from seq2seq.data.special_ids import EOS_ID, PAD_ID
 from seq2seq.decoding import search, translator
 from seq2seq.errors import UserError
-from seq2seq.models.joeynmt_spec import VERSION, joeynmt_model, joeynmt_parameters, unmatched
-from seq2seq.performance.joeynmt_files import joeynmt_config, write_corpus, write_vocabulary
 from seq2seq.runs import workdirs
 
-WORKER = Path(__file__).with_name("joeynmt_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 # Makes the virtualenv that --joeynmt_python points at, in the checkout (.anchors/ is ignored).
 # PyPI's `torch` brings CUDA libraries a CPU never loads; a CPU-only wheel (2.13.0+cpu, measured
 # here) does as well, where pip can find one. JoeyNMT 2.3.0 asks for torch>=1.12, imports
@@ -80,7 +80,8 @@ def check_python(python: str) -> Path:
   """The virtualenv's Python that `--joeynmt_python` names, checked to import JoeyNMT
   as the worker does; `UserError` naming the setup command otherwise."""
   if not python:
-    raise UserError(f"--anchor=joeynmt needs JoeyNMT {VERSION} in a virtualenv of its own; {FIX}.")
+    raise UserError(f"The JoeyNMT comparison needs JoeyNMT {VERSION} in a virtualenv of its own;"
+                    f" {FIX}.")
   path = Path(os.path.abspath(Path(python).expanduser()))  # The worker runs elsewhere; links kept.
   if not (path.is_file() and os.access(path, os.X_OK)):
     raise UserError(f"--joeynmt_python={python} is not an executable file; {FIX}.")
@@ -129,8 +130,8 @@ class Worker:
     self.busy = False
     with open(self.log, "a" if keep_log else "w", encoding="utf-8") as log:
       self.process = subprocess.Popen(
-          # -I: not this folder first on sys.path, where our profile.py would shadow the
-          # standard library's for torch; nor $PYTHONPATH, which may name ours.
+          # -I: not this folder first on sys.path, where a module of ours could shadow one
+          # that torch imports; nor $PYTHONPATH, which may name ours.
           [str(python), "-I", str(WORKER), str(setup_file)], stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8",
           start_new_session=keep_log, env=env)

@@ -1,4 +1,4 @@
-"""Our model config as JoeyNMT 2.3.0 builds it (`seq2seq-side-by-side --anchor=joeynmt`): its
+"""Our model config as JoeyNMT 2.3.0 builds it (benchmarks/joeynmt/side_by_side.py): its
 `model` section for the same architecture, parameter for parameter where JoeyNMT can
 (`joeynmt_model`), the parameters JoeyNMT then holds, counted from the shapes of its modules
 (`joeynmt_parameters`), and what differs, with what it costs (`unmatched`).
@@ -18,8 +18,9 @@ VERSION = "2.3.0"
 
 def _check(condition: bool, problem: str) -> None:
   if not condition:
-    raise UserError(f"{problem}; --anchor=joeynmt compares the configs that JoeyNMT {VERSION} can"
-                    " build, such as configs/multi30k_transformer.py and configs/multi30k_rnn.py.")
+    raise UserError(f"{problem}; the JoeyNMT comparison takes the configs that JoeyNMT"
+                    f" {VERSION} can build, such as configs/multi30k_transformer.py and"
+                    " configs/multi30k_rnn.py.")
 
 
 def joeynmt_model(m: ml_collections.ConfigDict) -> dict:

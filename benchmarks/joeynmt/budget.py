@@ -1,8 +1,9 @@
 """JoeyNMT 2.3.0 trained at a recipe's full budget and scored on its test split, for the BLEU
-each side reaches (`seq2seq-side-by-side --anchor=joeynmt --full_budget`):
+each side reaches (benchmarks/joeynmt/side_by_side.py --full_budget):
 
-  seq2seq-side-by-side --anchor=joeynmt --full_budget --config=configs/multi30k_transformer.py \
-      --joeynmt_python=.anchors/joeynmt/bin/python --workdir=runs/joeynmt/transformer
+  python benchmarks/joeynmt/side_by_side.py --full_budget \
+      --config=configs/multi30k_transformer.py --joeynmt_python=.anchors/joeynmt/bin/python \
+      --workdir=runs/joeynmt/transformer
 
 In --workdir: `run/` holds our SentencePiece model (trained as a run trains it, or
 config.data.vocab_from's); `joeynmt/` JoeyNMT's files (the corpus with the validation split as
@@ -16,11 +17,11 @@ train.adam_b1 and adam_b2, the weight decay, label smoothing, gradient-norm clip
 train.clip_norm and the model's dropout; a linear warmup to train.learning_rate over
 train.warmup_steps; validation (greedy, BLEU) every eval.every_steps on the same validation
 pairs, its best checkpoint the one decoded; the real target tokens per batch of the timing
-mode (`anchor_joeynmt`); the seed train.seed. The test split is then searched with beam --beam
-(4) and eval.alpha, each sentence to the cap ours gives it (`anchor_joeynmt.decode_groups`),
+mode (`anchor`); the seed train.seed. The test split is then searched with beam --beam
+(4) and eval.alpha, each sentence to the cap ours gives it (`anchor.decode_groups`),
 and scored by sacreBLEU as ours is.
 
-JoeyNMT's training resumes when the command runs again: `joeynmt_worker.Budget` gives its
+JoeyNMT's training resumes when the command runs again: `worker.Budget` gives its
 TrainManager `load_model` = its latest checkpoint with every reset off (weights, optimizer,
 scheduler, statistics, sampler state); a training at `updates` already is not trained again.
 A signal to this command reaches JoeyNMT as Ctrl-C, on which it saves a checkpoint, and so
@@ -31,7 +32,7 @@ that this command saw end (a killed one's seconds are lost). torch's threads wai
 the wall time is reported, not compared.
 
 What cannot match (`unmatched_training` writes the figures of each recipe into plan.json, with
-the architecture's differences, `joeynmt_spec.unmatched`):
+the architecture's differences, `spec.unmatched`):
 - The decay. Ours decays linearly (train.schedule="linear") to 0 at num_steps. JoeyNMT 2.3.0
   has no such scheduler (its `warmupexponentialdecay`, which could end near 0, fails to build:
   `build_scheduler` leaves out its optimizer), so it takes `warmupinversesquareroot`: the
@@ -73,12 +74,12 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
+from benchmarks.joeynmt import anchor
+from benchmarks.joeynmt.files import joeynmt_config, write_corpus, write_vocabulary
+from benchmarks.joeynmt.spec import initialization, joeynmt_model, unmatched
 from seq2seq.data import corpus
 from seq2seq.data.textio import write_atomically, write_lines
 from seq2seq.errors import UserError
-from seq2seq.models.joeynmt_spec import initialization, joeynmt_model, unmatched
-from seq2seq.performance import anchor_joeynmt
-from seq2seq.performance.joeynmt_files import joeynmt_config, write_corpus, write_vocabulary
 from seq2seq.runs import workdirs
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def validation_every(config: ml_collections.ConfigDict) -> int:
 def budget_config(config: ml_collections.ConfigDict, *, spm_model: Path, vocab_file: Path,
                   data_dir: Path, model_dir: Path) -> dict:
   """JoeyNMT's config for training `config`'s recipe at its full budget: the timing mode's
-  (`joeynmt_files.joeynmt_config`: data, model, optimizer), with the validation split and the
+  (`files.joeynmt_config`: data, model, optimizer), with the validation split and the
   recipe's schedule, validation and checkpoints. The token budget is set by the worker."""
   cfg = joeynmt_config(config, spm_model=spm_model, vocab_file=vocab_file, data_dir=data_dir,
                        model_dir=model_dir)
@@ -183,7 +184,7 @@ def prepare_files(config: ml_collections.ConfigDict, workdir: Path, test_src: li
 
   trainer = Trainer(config, workdir / "run")
   src_ids = [np.asarray(ids, np.int32) for ids in trainer.tokenizer.encode_batch(test_src)]
-  groups, caps = anchor_joeynmt.decode_groups(config, src_ids)
+  groups, caps = anchor.decode_groups(config, src_ids)
   joey = workdir / "joeynmt"
   (joey / "model").mkdir(parents=True, exist_ok=True)
   spm_model = workdir / "run" / workdirs.VOCAB
@@ -195,7 +196,7 @@ def prepare_files(config: ml_collections.ConfigDict, workdir: Path, test_src: li
   lines = iter(range(len(order)))
   return {
       "budget": True, "order": order, "params": trainer.num_params,
-      "target_tokens_per_batch": anchor_joeynmt.real_tokens_per_batch(trainer),
+      "target_tokens_per_batch": anchor.real_tokens_per_batch(trainer),
       "config": budget_config(config, spm_model=spm_model, vocab_file=joey / "vocab.txt",
                               data_dir=joey, model_dir=joey / "model"),
       "decode": {"groups": [[next(lines) for _ in group] for group in groups], "caps": caps},
@@ -219,7 +220,7 @@ def _write_plan(workdir: Path, config: ml_collections.ConfigDict, name: str, set
       "joeynmt_config": joeynmt_cfg}, indent=2) + "\n")
 
 
-def _train(worker: anchor_joeynmt.Worker, workdir: Path, before: int) -> tuple[dict, float]:
+def _train(worker: anchor.Worker, workdir: Path, before: int) -> tuple[dict, float]:
   """JoeyNMT's training to its end, each session's seconds appended to `SESSIONS` (an
   interrupted one's too): its reply, and the seconds of every session so far."""
   start, reply = time.perf_counter(), None
@@ -236,7 +237,7 @@ def _train(worker: anchor_joeynmt.Worker, workdir: Path, before: int) -> tuple[d
   return reply, sum(json.loads(line)["seconds"] for line in lines if line.strip())
 
 
-def _drive(worker: anchor_joeynmt.Worker, workdir: Path, config: ml_collections.ConfigDict,
+def _drive(worker: anchor.Worker, workdir: Path, config: ml_collections.ConfigDict,
            name: str, setup: dict) -> tuple[dict, dict, float, dict]:
   """JoeyNMT's start, training to the end and translation: their replies, and the seconds of
   every training session so far."""
@@ -273,7 +274,7 @@ def run(config: ml_collections.ConfigDict, python: Path, workdir: Path, *, beam:
     setup = prepare_files(config, workdir, test_src)
     setup |= {"threads": len(os.sched_getaffinity(0)), "batch_size": plan.get("batch_size")}
     setup["decode"] |= {"beam": beam, "alpha": config.eval.alpha}
-    worker = anchor_joeynmt.Worker(python, setup, workdir / "joeynmt", keep_log=True, env=env)
+    worker = anchor.Worker(python, setup, workdir / "joeynmt", keep_log=True, env=env)
     try:
       joey, trained, train_s, translated = _drive(worker, workdir, config, name, setup)
     finally:
