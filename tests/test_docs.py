@@ -91,7 +91,20 @@ def shortened(line: str) -> str:
   if not extra or line.lstrip().startswith("#"):
     return line
   body, background = (line.rstrip()[:-1], " &") if line.rstrip().endswith("&") else (line, "")
-  return f"{body.rstrip()} {' '.join(extra)}{background}"
+  flags_ = {f.split("=", 1)[0]: f for f in extra}
+  # A flag the line gives already takes the short value in its place (a flag given twice is
+  # refused); the others are appended.
+  body = re.sub(r"(?<!\S)(--[\w.]+)=\S+", lambda m: flags_.pop(m[1], m[0]), body)
+  return f"{body.rstrip()} {' '.join(flags_.values())}{background}".rstrip()
+
+
+def test_a_shortened_line_gives_each_flag_once_with_the_short_value():
+  line = "seq2seq-train --config=c.py --config.train.num_steps=600 --config.model.emb_dim=256 &"
+  flags_ = shortened(line).removesuffix(" &").split()
+  assert flags_[2:4] == ["--config.train.num_steps=10", "--config.model.emb_dim=32"]
+  names = [f.split("=")[0] for f in flags_[1:]]
+  assert len(names) == len(set(names)) == 1 + len(SHORT_RUN)
+  assert shortened(line).endswith(" &") and shortened("# --config=x") == "# --config=x"
 
 
 @pytest.fixture(scope="module")
