@@ -11,6 +11,11 @@ r"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
 with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
+A released model (seq2seq-export --format=seq2seq, as models/ holds) stays as released:
+its scores go beside it, to runs/released/<its path>/eval/ under the working directory
+(models/wu2021_cpu/seed-0: runs/released/models/wu2021_cpu/seed-0/eval/), and choosing
+among its checkpoints is refused (it holds one, its run's choice). --out=DIR writes
+them to DIR instead, for a run or a released model.
 With --src_file, <split> is its file name, and the .json records --ref_file (its path and
 sha256); scores of that source against another reference go to
 <...>.beam<k>.ref-<8 hex of its sha256>.*, beside the first reference's, not over them.
@@ -37,6 +42,9 @@ _BATCH = flags.DEFINE_integer("batch_size", None, "Sentences per batch (default:
 _SRC = flags.DEFINE_string("src_file", "", "External source file (with --ref_file).")
 _REF = flags.DEFINE_string("ref_file", "", "External reference file (with --src_file).")
 _PLOT = flags.DEFINE_integer("plot_attention", 0, "Draw the attention of the first K sentences.")
+_OUT = flags.DEFINE_string("out", "", "Directory for the .hyp, .json and pictures (default:"
+                           " <workdir>/eval; a released model's: runs/released/<its path>/eval"
+                           " under the working directory, not the model's own folder).")
 _ALIGNMENT = cli.define_alignment_flags()
 _GOLD = _ALIGNMENT["gold_alignment"]
 
@@ -56,7 +64,7 @@ def main(argv):
     if len(candidates) > 1:
       result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
                                  beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
-                                 batch_size=_BATCH.value)
+                                 batch_size=_BATCH.value, out=_OUT.value)
       print(json.dumps(result, indent=2))
       print(f"chose --checkpoint={result['checkpoint']} on {_SPLIT.value}; score it on test with"
             " --checkpoint=selected")
@@ -67,7 +75,7 @@ def main(argv):
         src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
         ensemble=_RUN["ensemble"].value, gold_alignment=_GOLD.value,
         alignment_layer=_ALIGNMENT["alignment_layer"].value,
-        gold_one_based=_ALIGNMENT["gold_one_based"].value)
+        gold_one_based=_ALIGNMENT["gold_one_based"].value, out=_OUT.value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 

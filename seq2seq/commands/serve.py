@@ -13,7 +13,8 @@ named by its folder; every program it answers with compiles at start-up (or come
 compilation cache), never per request. It translates sentences up to --max_subwords
 subwords (by default as long as the run's training pairs: config.data.max_len with EOS), at
 the beams --beams lists (the first by default). Requests that arrive together are
-translated together, in batches of --batch_size.
+translated together, in batches of --batch_size. A released model (models/) serves as its
+run does and is only read.
 """
 
 import logging

@@ -15,6 +15,8 @@ line gives a lone tab), and an n-best line ends ` ||| links`.
 --alignment_layer=L picks the Transformer's layer (default -2, the penultimate).
 --ensemble=DIR[,DIR...] decodes with other runs of the same vocabulary as one
 model, and --checkpoint=ensemble:N with the run's last N checkpoints.
+A released model (seq2seq-export --format=seq2seq, as models/ holds) decodes as its run
+does and is only read: nothing is written but the output, here or on a read-only disk.
 """
 
 import sys

@@ -1,7 +1,8 @@
 """compare's evaluation of one run on one test set, cached so that a comparison redone is cheap,
 and its test sets (`--test_set NAME=SRC,REF`: `parse_test_set`).
 
-The evaluations are cached in `<workdir>/eval/compare/`, each under the key of everything
+The evaluations are cached in `<workdir>/eval/compare/` (a released model's beside it, in
+`runs/released/<its path>/eval/compare/`: `released.outputs`), each under the key of everything
 that decides it (`evaluation_key`): the checkpoint steps "best" names now and a digest of
 their parameters, the search, the decoding lengths, the run's config and vocabulary, and the
 sha256 of the source and reference texts. A cached result is used only when its key is the
@@ -24,7 +25,7 @@ from seq2seq.data.textio import as_lines, read_lines, write_atomically
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation.scores import bleu, chrf, evaluate_split, output_files
-from seq2seq.runs import workdirs
+from seq2seq.runs import released, workdirs
 
 log = logging.getLogger("seq2seq")
 
@@ -124,7 +125,8 @@ def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
                          else read_test_set(translator.config, test_set))
   key = json.loads(json.dumps(evaluation_key(translator, sources, references)))
   digest = _sha256(json.dumps(key, sort_keys=True).encode())[:12]
-  prefix = workdir / CACHE / f"{test_set.name}.beam{translator.beam_size}.{digest}"
+  name = f"{test_set.name}.beam{translator.beam_size}.{digest}"
+  prefix = released.outputs(workdir) / CACHE / name  # A released model's beside it.
   hyp_path, json_path = output_files(prefix)
   if json_path.is_file() and hyp_path.is_file():
     try:

@@ -14,7 +14,7 @@ from seq2seq.decoding.translator import Translator, check_candidates
 from seq2seq.errors import UserError
 from seq2seq.evaluation.alignment_error import alignment_scores, read_gold
 from seq2seq.evaluation.scores import evaluate_split, output_files
-from seq2seq.runs import workdirs
+from seq2seq.runs import released, workdirs
 from seq2seq.runs.selection import record_selection
 
 log = logging.getLogger("seq2seq")
@@ -25,9 +25,10 @@ _WITHOUT_PICTURES = "drop --plot_attention, or evaluate a run trained with atten
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
                       beam_size: int = 4, alpha: float = 0.6,
-                      batch_size: int | None = None) -> dict:
+                      batch_size: int | None = None, out: str | Path = "") -> dict:
   """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
-  records the one with the highest BLEU in `<workdir>/eval/selected.json`.
+  records the one with the highest BLEU in `<workdir>/eval/selected.json`; each candidate's
+  .hyp and .json go to `out`, or to `<workdir>/eval` (`eval_dir`).
 
   Choosing on test data would make its score optimistic, so only `val` is allowed.
 
@@ -39,6 +40,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
                     " data; choose on validation data (--split=val), then score the choice"
                     " with --checkpoint=selected --split=test.")
   workdir = Path(workdir)
+  released.check_no_choice(workdir, candidates)
   check_candidates(workdir, candidates)  # Every one, before any is decoded.
   translator, found = None, {}
   for spec in candidates:
@@ -49,7 +51,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
       text = corpus.read_split(translator.config.data, split)
     elif spec != translator.checkpoint:
       translator.load_checkpoint(spec)
-    prefix = workdir / workdirs.EVAL / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
+    prefix = eval_dir(workdir, out) / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
     found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
     log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", spec, found[spec], prefix, prefix)
   winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
@@ -57,6 +59,13 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
             "bleu": found}
   record_selection(workdir, result)
   return result
+
+
+def eval_dir(workdir: str | Path, out: str | Path = "") -> Path:
+  """Where an evaluation of `workdir` writes its .hyp, .json and pictures: `out` if given,
+  else `<workdir>/eval`, or a released model's `released.outputs` (runs/released/<its
+  path>/eval): a released model stays as released."""
+  return Path(out) if out else released.outputs(workdir) / workdirs.EVAL
 
 
 def _members_id(ensemble: Sequence[str]) -> str:
@@ -92,7 +101,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
                    src_file: str = "", ref_file: str = "",
                    plot_attention: int = 0, ensemble: Sequence[str] = (),
                    gold_alignment: str = "", alignment_layer: int = -2,
-                   gold_one_based: bool = False) -> tuple[dict, Path]:
+                   gold_one_based: bool = False, out: str | Path = "") -> tuple[dict, Path]:
   """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
 
   With `gold_alignment` (a file), also the alignment error rate of the attention of layer
@@ -104,6 +113,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   With `ensemble`, those runs decode with `workdir`'s as one model (`Translator`).
   With `src_file`, the scores record `ref_file` (`ref_file`, `ref_sha256`), and scores of the
   same source against another reference are written apart (`_apart`), not over these.
+  They go to `out`, or to `<workdir>/eval`, or a released model's place beside it (`eval_dir`).
 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
@@ -139,7 +149,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     sources, references, name = text.src, text.tgt, split
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
                                        if ensemble else "")
-  prefix = workdir / workdirs.EVAL / f"{name}.{tag}.beam{beam_size}"
+  prefix = eval_dir(workdir, out) / f"{name}.{tag}.beam{beam_size}"
   if reference:
     prefix = _apart(prefix, reference)
   aer = (alignment_scores(translator, sources, references,

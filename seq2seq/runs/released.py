@@ -13,6 +13,13 @@ Decoding reads it as the run's own checkpoint (`selection.restore_params`): the 
 values, so the same translations. A run may start from it (config.train.init_from), taking its
 parameters and step, not an optimizer state it does not hold; it is never trained on itself
 (`check_not_released`).
+
+A released model stays as released: what a command makes of it (seq2seq-evaluate's scores,
+hypotheses and pictures, seq2seq-plot-attention's picture, seq2seq-compare's cache) goes to
+`outputs(model)`, beside it under the working directory's runs/released/, not into it, so a
+committed model leaves `git status` clean and one on a read-only disk is read as it is;
+seq2seq-translate and seq2seq-serve write nothing but their output. Choosing among its
+checkpoints (it holds one, the run's choice) is refused (`check_no_choice`).
 """
 
 import json
@@ -30,6 +37,7 @@ from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.selection import SELECTION, record_selection, restore_params, selected_checkpoint
 
 RECORD = Path("released.json")  # In the released model's directory: what it came from.
+OUTPUTS = Path("runs") / "released"  # Under the working directory: what commands make of one.
 
 
 def is_released(workdir: str | Path) -> bool:
@@ -43,6 +51,32 @@ def check_not_released(workdir: str | Path, field: str = "--workdir") -> None:
     raise UserError(f"{field}={workdir} is a released model (seq2seq-export --format=seq2seq:"
                     " its parameters, no optimizer state), not a run to train on; start a new"
                     f" run from it: --config.train.init_from={workdir} --workdir=NEW_RUN.")
+
+
+def outputs(workdir: str | Path) -> Path:
+  """Where a command writes what it makes of `workdir`: the run itself; for a released model,
+  `runs/released/<its path>` under the working directory (<its path>: relative to the working
+  directory, or, for a model outside it, its absolute path less the root), so that
+  `models/m` is evaluated into `runs/released/models/m/eval/`. Run from inside the model, the
+  same beside it: under its parent folder's runs/released/."""
+  workdir = Path(workdir)
+  if not is_released(workdir):
+    return workdir
+  model, here = workdir.resolve(), Path.cwd().resolve()
+  if here.is_relative_to(model):
+    here = model.parent
+  where = model.relative_to(here if model.is_relative_to(here) else model.anchor)
+  return OUTPUTS / where if here == Path.cwd().resolve() else here / OUTPUTS / where
+
+
+def check_no_choice(workdir: str | Path, candidates: list[str]) -> None:
+  """Raises `UserError` if `workdir` is a released model and `candidates` are several
+  checkpoints to choose among: it holds one, the choice its run made, and its record of that
+  choice (eval/selected.json) stays as released."""
+  if is_released(workdir) and len(candidates) > 1:
+    raise UserError(f"--workdir={workdir} is a released model: it holds one checkpoint, the one"
+                    " its run chose (released.json), so there is nothing to choose among; score"
+                    " it with --checkpoint=selected, or choose in the run it came from.")
 
 
 def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
