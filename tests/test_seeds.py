@@ -17,6 +17,7 @@ from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate
 from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.claim import shared_step
 from seq2seq.training import loop, seeds, steps
 from seq2seq.training.seeds import SeedGroup
 from seq2seq.training.trainer import Trainer
@@ -184,10 +185,10 @@ def test_a_group_killed_during_its_save_resumes_its_members_from_one_step(group,
 
 
 def test_members_at_different_steps_resume_from_the_last_step_they_all_have(tmp_path):
-  assert seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4, 6], [2, 4]]) == 4
-  assert seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[4, 6], [2, 4, 5]]) == 4
+  assert shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4, 6], [2, 4]]) == 4
+  assert shared_step([tmp_path / "a", tmp_path / "b"], [[4, 6], [2, 4, 5]]) == 4
   with pytest.raises(UserError) as raised:  # One is new: nothing to resume from together.
-    seeds.shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4], []])
+    shared_step([tmp_path / "a", tmp_path / "b"], [[2, 4], []])
   assert str(raised.value) == (
       f"The runs {tmp_path / 'a'} (checkpoints 2, 4), {tmp_path / 'b'} (no checkpoint) share no"
       " checkpoint step and cannot resume as one program; train them one by one (seq2seq-sweep"

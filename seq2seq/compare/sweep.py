@@ -26,6 +26,7 @@ from seq2seq import config as config_lib
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import Checkpoints
+from seq2seq.runs.claim import shared_step
 from seq2seq.runtime import process, signals
 
 log = logging.getLogger("seq2seq")
@@ -103,7 +104,7 @@ def _seed_groups(todo: list[tuple[str, ml_collections.ConfigDict]], steps: dict[
                  one_by_one: bool) -> list[list[tuple[str, ml_collections.ConfigDict]]]:
   """The runs to train, in groups trained as one program: the seeds of one point (runs
   whose configs differ in train.seed alone) that start from one step, or share a checkpoint
-  step (`steps`, by run name: those ahead go back to it, `seeds.shared_step`); each other run
+  step (`steps`, by run name: those ahead go back to it, `claim.shared_step`); each other run
   alone."""
   points = {}
   for name, run in todo:
@@ -124,12 +125,11 @@ def _one_program(runs: list[tuple[str, ml_collections.ConfigDict]],
   """Whether the seeds of a point train as one program: they are at one step, or share a
   checkpoint step (a stop during the group's save left some a save ahead); if not, one line
   says why they train one by one."""
-  from seq2seq.training import seeds
   held = [steps[name] for name, _ in runs]
   if len({tuple(s[-1:]) for s in held}) == 1:
     return True
   try:
-    seeds.shared_step([Path(name) for name, _ in runs], held)
+    shared_step([Path(name) for name, _ in runs], held)
   except UserError:
     log.info("%s: at steps %s, with no checkpoint step in common; trained one by one.",
              " + ".join(name for name, _ in runs),

@@ -139,6 +139,11 @@ def _pack(examples: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray,
   return [np.array(row) for row in rows]
 
 
+def stack(batches: list[dict]) -> dict:
+  """Batches (dicts of equal-shaped arrays) stacked on a new leading axis."""
+  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+
+
 # Seeds the order of a bucketed epoch's batch lengths, the same for every train.seed.
 SHAPE_ORDER_SEED = 0
 
@@ -200,13 +205,24 @@ class TrainBatches:
     self._seed, self._sampler, self._max_len = seed, sampler, max_len
     self.keys = ("src", "tgt_in", "tgt_out") + (PACKING_KEYS if pack else ())
     self._process_index, self._process_count = process_index, process_count
+    self._make_buckets(*self._kept(), bucket_step, pack, num_buckets)
+    self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
+                  for b in self._buckets}  # Examples per batch: the config's alone.
+    self._padded = {b: -(-rows // pad_rows_to) * pad_rows_to for b, rows in self._rows.items()}
+    self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
+    self.shapes = sorted((self._padded[b] // process_count, b) for b in self._buckets)
+    self._plans = {}
 
-    src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
-    tgt_len = np.array([len(t) for t in tgt_ids], dtype=np.int64)
+  def _kept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The examples kept by length (`num_examples`; the others are `num_dropped`), and each
+    example's source and target length that rows are planned for."""
+    max_len, sampler = self._max_len, self._sampler
+    src_len = np.array([len(s) for s in self._src], dtype=np.int64)
+    tgt_len = np.array([len(t) for t in self._tgt], dtype=np.int64)
     keep = (src_len > 0) & (tgt_len > 0) & (src_len + 1 <= max_len) & (tgt_len + 1 <= max_len)
     kept = np.flatnonzero(keep)
     self.num_examples = len(kept)
-    self.num_dropped = len(src_ids) - len(kept)
+    self.num_dropped = len(self._src) - len(kept)
     if not len(kept):
       raise UserError(f"The training corpus is empty after length filtering"
                       f" (config.data.max_len={max_len}); raise config.data.max_len.")
@@ -216,10 +232,14 @@ class TrainBatches:
       drawn = sampler.sizing()
       src_len = np.minimum(np.maximum(src_len, [len(s) for s in drawn[0]]), max_len - 1)
       tgt_len = np.minimum(np.maximum(tgt_len, [len(t) for t in drawn[1]]), max_len - 1)
+    return kept, src_len, tgt_len
 
+  def _make_buckets(self, kept: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray,
+                    bucket_step: int, pack: bool, num_buckets: int) -> None:
+    """The buckets: padded length L -> the items of its batches; packed, one bucket whose
+    items are rows of `self._packs`, not examples."""
     if pack:
-      # Bucket items are rows of `self._packs`, not examples.
-      length = _padded_length(max_len, bucket_step)
+      length = _padded_length(self._max_len, bucket_step)
       self._packs = _pack(kept, src_len, tgt_len, length)
       self._buckets = {length: np.arange(len(self._packs))}
     else:
@@ -228,12 +248,6 @@ class TrainBatches:
       chosen = np.array(bucket_lengths(lengths, bucket_step, num_buckets))
       padded = chosen[np.searchsorted(chosen, lengths)]  # The shortest that holds each.
       self._buckets = {int(b): kept[padded == b] for b in np.unique(padded)}
-    self._rows = {b: max(row_multiple, (tokens_per_batch // b) // row_multiple * row_multiple)
-                  for b in self._buckets}  # Examples per batch: the config's alone.
-    self._padded = {b: -(-rows // pad_rows_to) * pad_rows_to for b, rows in self._rows.items()}
-    self.batches_per_epoch = sum(-(-len(ex) // self._rows[b]) for b, ex in self._buckets.items())
-    self.shapes = sorted((self._padded[b] // process_count, b) for b in self._buckets)
-    self._plans = {}
 
   def reseeded(self, seed: int) -> "TrainBatches":
     """These batches in the order of another seed: the filtering, buckets and packs, which
@@ -303,6 +317,11 @@ class TrainBatches:
       src = self._sampler.fit("source", rows, self._src, drawn_src, length, self._max_len)
       tgt = self._sampler.fit("target", rows, self._tgt, drawn_tgt, length, self._max_len)
     return _fill_packed(src, tgt, rows, length, segments=self._packs is not None)
+
+  def steps(self, step: int, size: int) -> dict[str, np.ndarray]:
+    """This process's rows of the batches of steps `step`..`step + size - 1`: one step's
+    batch, or `size` stacked (`[size, rows, L]`, for a call of several steps)."""
+    return self(step) if size == 1 else stack([self(step + i) for i in range(size)])
 
 
 # The one grid of evaluation lengths. Every validation loss and every search (validation,

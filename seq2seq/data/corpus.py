@@ -31,6 +31,10 @@ class ParallelText:
   def __len__(self) -> int:
     return len(self.src)
 
+  def first(self, n: int) -> "ParallelText":
+    """The first `n` pairs; all of them where `n` is 0 (or less)."""
+    return ParallelText(self.src[:n], self.tgt[:n]) if n > 0 else self
+
 
 def read_split(data_config: ml_collections.ConfigDict, split: str) -> ParallelText:
   """Reads one split of the corpus named by `data_config.corpus`.
@@ -59,9 +63,7 @@ def read_split(data_config: ml_collections.ConfigDict, split: str) -> ParallelTe
       raise UserError(f"config.data.corpus={corpus!r} is not \"multi30k\", \"tfds:<name>\" or"
                       " an existing directory; use one of those.")
     text = _read_pair(directory, split, split, data_config.src_lang, data_config.tgt_lang)
-  if limit > 0:
-    text = ParallelText(text.src[:limit], text.tgt[:limit])
-  return text
+  return text.first(limit)
 
 
 def vocabulary_text(data_config: ml_collections.ConfigDict, train: ParallelText) -> list[str]:

@@ -331,7 +331,7 @@ class Checkpoints:
 
   def remove_after(self, step: int) -> None:
     """Removes the checkpoints after `step`: a seed group's member a save ahead of the others
-    goes back to their step (`seeds.shared_step`), to train those steps again."""
+    goes back to their step (`claim.shared_step`), to train those steps again."""
     for later in self.all_steps():
       if later > step:
         self.manager.delete(later)

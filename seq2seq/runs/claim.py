@@ -1,10 +1,13 @@
 """A workdir taken for training (`Claim`): checked, created if new, locked, with its
 checkpoints open, and whether the run in it has steps left: complete, or out of patience
-(`EarlyStopping`, read from the checkpoints alone)."""
+(`EarlyStopping`, read from the checkpoints alone). Several runs' workdirs taken together
+(`claim_each`), and a seed group's members resumed together, from one step
+(`restore_together`, `shared_step`)."""
 
 import contextlib
 import logging
 import shutil
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 import jax
@@ -119,6 +122,73 @@ class Claim:
   def close(self) -> None:
     if self.checkpoints is not None:
       self.checkpoints.close()
+
+
+def claim_each(runs: Mapping[Hashable, tuple[ml_collections.ConfigDict, str | Path]],
+               stack: contextlib.ExitStack, results: dict) -> dict[Hashable, Claim]:
+  """The workdirs of `runs` (key -> its config and workdir) taken, each held within `stack`,
+  of those with steps left. A run that does not fit its workdir, is complete, or is in
+  another training's hands ends alone, the others train: its result (what `Claim.finished`
+  returns, or the `UserError`) is in `results`, under its key."""
+  claims = {}
+  for key, (config, workdir) in runs.items():
+    try:
+      claim = Claim(config, workdir)
+      stack.callback(claim.close)
+      if (done := claim.finished()) is not None:
+        results[key] = done
+      else:
+        claims[key] = claim
+    except UserError as e:
+      results[key] = e
+  for key, claim in list(claims.items()):
+    try:
+      stack.enter_context(claim.held())
+    except workdirs.WorkdirInUse as e:
+      results[key] = e
+      del claims[key]
+  return claims
+
+
+def shared_step(workdirs: list[Path], steps: list[list[int]]) -> int:
+  """The latest step that every member of a seed group has a checkpoint of (`steps`: each
+  member's, in `workdirs`), where they are at different steps: a stop during the group's save
+  (members save one after another) leaves some a save ahead of the others.
+
+  Raises:
+    UserError: they share no step (one is new, say): they cannot resume as one program.
+  """
+  shared = set.intersection(*map(set, steps))
+  if not shared:
+    held = [f"checkpoints {', '.join(map(str, s))}" if s else "no checkpoint" for s in steps]
+    raise UserError("The runs " + ", ".join(f"{workdir} ({what})" for workdir, what in
+                                            zip(workdirs, held, strict=True))
+                    + " share no checkpoint step and cannot resume as one program; train them"
+                    " one by one (seq2seq-sweep --one_by_one).")
+  return max(shared)
+
+
+def restore_together(claims: Mapping[int, Claim], like) -> tuple[int | None, list]:
+  """The latest good checkpoint of each member of a seed group (`claims`: seed -> its claim),
+  all at one step: members at different steps go back to the latest step they all have
+  (`shared_step`), one line says so, and the checkpoints after it are removed, so that the
+  group trains on as the uninterrupted group did, bit for bit. Returns that step (None: they
+  are new) and each member's state (`like` where new)."""
+  seeds, claims = list(claims), list(claims.values())
+  restored = [claim.checkpoints.restore_latest_good(like) for claim in claims]
+  while len(set(steps := [step for step, _ in restored])) > 1:
+    back = shared_step([claim.workdir for claim in claims],
+                       [claim.checkpoints.all_steps() for claim in claims])
+    ahead = [i for i, step in enumerate(steps) if step > back]
+    log.info("Seeds %s are at steps %s (a stop during the group's save leaves them so): they"
+             " resume as one program from step %d, the last step they all have (the later"
+             " checkpoints of seed %s are removed, to be trained again).",
+             ", ".join(map(str, seeds)), ", ".join(map(str, steps)), back,
+             ", ".join(str(seeds[i]) for i in ahead))
+    for i in ahead:
+      claims[i].checkpoints.remove_after(back)
+      restored[i] = claims[i].checkpoints.restore_latest_good(like)
+  return steps[0], [state for _, state in restored]
 
 
 def writing_in(workdir: str | Path):

@@ -24,16 +24,14 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from seq2seq.data import tokenizer
 from seq2seq.data.textio import write_atomically
 from seq2seq.errors import UserError
-from seq2seq.models import build_model
 from seq2seq.runs import match, released, vocabulary, workdirs
 from seq2seq.runs.checkpoints import CheckpointRemoved, Checkpoints, read_again_if_removed
 from seq2seq.runs.selection import selected_checkpoint
-from seq2seq.runs.train_state import TrainState, make_optimizer, new_train_state
+from seq2seq.runs.train_state import TrainState, initial_state
 
 log = logging.getLogger("seq2seq")
 KEEPS = ("optimizer", "step")  # What config.train.init_keep may name.
@@ -103,9 +101,7 @@ def of(config: ml_collections.ConfigDict, workdir: Path,
     try:
       steps = _resolve(checkpoints, parent, config.train.init_checkpoint)
       pieces = _check_vocabulary(config, parent, workdir, checkpoints, steps)
-      abstract = jax.eval_shape(lambda: new_train_state(
-          nnx.split(build_model(config, pieces, seed=0), nnx.Param)[1],
-          make_optimizer(config.train)))
+      abstract = jax.eval_shape(lambda: initial_state(config, pieces, seed=0))
       _check_fresh_matches(abstract, config.train)
       loads = _loads(abstract, config.train, released.is_released(parent))
       for step in steps:

@@ -10,6 +10,8 @@ import ml_collections
 import optax
 from flax import nnx
 
+from seq2seq.models import build_model
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -21,6 +23,15 @@ class TrainState:
 def new_train_state(params: nnx.State, optimizer: optax.GradientTransformation) -> TrainState:
   """Step 0: the given parameters and a fresh optimizer state."""
   return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
+def initial_state(config: ml_collections.ConfigDict, vocab_size: int, seed,
+                  optimizer: optax.GradientTransformation | None = None) -> TrainState:
+  """A new run's train state: the model of `config` initialized from `seed` (an int, or a
+  key), and a fresh state of `optimizer` (by default `make_optimizer(config.train)`)."""
+  model = build_model(config, vocab_size, seed=seed)
+  return new_train_state(nnx.split(model, nnx.Param)[1],
+                         optimizer or make_optimizer(config.train))
 
 
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:

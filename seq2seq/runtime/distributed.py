@@ -1,4 +1,5 @@
-"""Where a run computes: joining a multi-process run, the device mesh, and FSDP shardings.
+"""Where a run computes: joining a multi-process run, the device mesh, FSDP shardings, and
+each process's rows of a batch.
 
 The mesh has a `data` and an `fsdp` axis. Batches are split over both; the train state only
 over `fsdp`. Across hosts (`config.distributed`), every process runs the same program on its
@@ -63,3 +64,24 @@ def fsdp_sharding(mesh: jax.sharding.Mesh, x) -> NamedSharding:
   spec = [None] * x.ndim
   spec[max(dims, key=lambda i: x.shape[i])] = "fsdp"
   return NamedSharding(mesh, P(*spec))
+
+
+def sharded_size(abstract_params, params_sharding) -> int:
+  """How many parameters FSDP splits (those not replicated)."""
+  return sum(x.size for x, sharding in zip(jax.tree.leaves(abstract_params),
+                                           jax.tree.leaves(params_sharding), strict=True)
+             if sharding.spec != P())
+
+
+def with_shardings(abstract, shardings):
+  """`abstract`'s ShapeDtypeStructs, placed by `shardings`."""
+  return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=sharding),
+                      abstract, shardings)
+
+
+def local_rows(batch: dict) -> dict:
+  """This process's contiguous share of a global (every-process-identical) batch."""
+  p, n = jax.process_index(), jax.process_count()
+  rows = len(batch["src"]) // n
+  return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}

@@ -20,7 +20,7 @@ from seq2seq.errors import UserError
 from seq2seq.registry import Registry
 from seq2seq.runs import claim
 from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.runs.full_disk import write_fault_error
+from seq2seq.runs.full_disk import write_fault_is_user_error
 from seq2seq.runs.metrics_writer import MetricsWriter
 from seq2seq.runtime import signals
 from seq2seq.training.reports import CompileLog, Interval, Progress, TrainLog, due_every
@@ -62,12 +62,7 @@ class ValidateAndSave:
                progress: Progress, interval: Interval, label: str = ""):
     self.trainer, self.checkpoints, self.label = trainer, checkpoints, label  # Before lines.
     self.writer, self.progress, self.interval = writer, progress, interval
-    self.every_steps, self.split = trainer.config.eval.every_steps, trainer.config.eval.split
-    self.num_steps = trainer.config.train.num_steps
-    self.train_start = time.perf_counter()
-
-  def due(self, done: int) -> bool:
-    return due_every(self.every_steps, done, self.num_steps)
+    self.split, self.train_start = trainer.config.eval.split, time.perf_counter()
 
   def __call__(self, state, done: int) -> dict:
     """The validation metrics of step `done`, with `step` and `train_wall_seconds`."""
@@ -77,24 +72,16 @@ class ValidateAndSave:
       raise diverged(f"{self.split} loss is {result['loss']}", done,
                      self.checkpoints.latest_step())
     result["train_wall_seconds"] = train_wall_seconds
-    self._write(done, result)
+    workdir = self.checkpoints.directory.parent  # A full disk: the checkpoint would not fit.
+    with write_fault_is_user_error(f"writing the {self.split} metrics of step {done} in"
+                                   f" {workdir}", self.checkpoints.latest_step):
+      self.writer.write(done, self.split, result)
     self.checkpoints.save(done, state, metrics={"bleu": result["bleu"], "loss": result["loss"]})
     if self.writer.enabled:  # tqdm.write prints even where the bar is disabled.
       self.progress.write(f"{self.label}step {done}: {self.split} loss {result['loss']:.3f} BLEU"
                           f" {result['bleu']:.2f} ({result['bleu_signature']})")
     self.interval.start = time.perf_counter()  # Evaluation time is not training throughput.
     return result
-
-  def _write(self, done: int, result: dict) -> None:
-    try:
-      self.writer.write(done, self.split, result)
-    except OSError as e:  # The checkpoint would not fit either.
-      workdir = self.checkpoints.directory.parent
-      error = write_fault_error(e, f"writing the {self.split} metrics of step {done} in {workdir}",
-                              self.checkpoints.latest_step())
-      if error is None:
-        raise
-      raise error from e
 
 
 # The actions that config.train.actions adds after the built-in ones, by name ("param_norm"):
@@ -151,7 +138,8 @@ class RunActions:
     self.train_log = TrainLog(config.train, self.writer, progress, self.interval)
     self.validate = ValidateAndSave(trainer, checkpoints, self.writer, progress,
                                     self.interval, self.label)
-    self.save_every = config.checkpoint.every_steps  # Periodic checkpoints (0: none).
+    self.every = (config.train.log_every_steps, config.eval.every_steps,  # Read by `due`.
+                  config.checkpoint.every_steps)
     self.early_stopping = claim.EarlyStopping(config, checkpoints)
     self.extra = [ACTIONS[name](self, config) for name in ACTIONS.chosen(config.train.actions)]
     self.last_eval: dict = {}
@@ -173,9 +161,12 @@ class RunActions:
     return [self.ended if self.ended is not None else self.last_eval]
 
   def due(self, done: int) -> Due:
-    """Which of the actions on an interval are due after `done`."""
-    return Due(self.train_log.due(done), self.validate.due(done),
-               bool(self.save_every) and done % self.save_every == 0,
+    """Which of the actions on an interval are due after `done`: the train record every
+    config.train.log_every_steps and validation every config.eval.every_steps (both after the
+    last step too), a periodic checkpoint every config.checkpoint.every_steps (0: none)."""
+    record, validation, checkpoint = self.every
+    return Due(due_every(record, done, self.num_steps), due_every(validation, done, self.num_steps),
+               bool(checkpoint) and done % checkpoint == 0,
                any(action.due(done) for action in self.extra))
 
   def dispatched(self, metrics: dict, size: int) -> None:

@@ -104,12 +104,8 @@ class TrainLog:
 
   def __init__(self, t: ml_collections.ConfigDict, writer: MetricsWriter, progress: Progress,
                interval: Interval):
-    self.every_steps, self.num_steps = t.log_every_steps, t.num_steps
     self.schedule = learning_rate_schedule(t)
     self.writer, self.progress, self.interval = writer, progress, interval
-
-  def due(self, done: int) -> bool:
-    return due_every(self.every_steps, done, self.num_steps)
 
   def __call__(self, done: int) -> None:
     record = train_record(self.interval.metrics, time.perf_counter() - self.interval.start,

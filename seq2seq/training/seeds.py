@@ -19,17 +19,26 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seq2seq import config as config_lib
+from seq2seq.data.batching import stack
 from seq2seq.errors import UserError
-from seq2seq.runs import parents, vocabulary, workdirs
+from seq2seq.runs import parents, vocabulary
 from seq2seq.runs.checkpoints import Checkpoints
-from seq2seq.runs.claim import Claim, writing_in
-from seq2seq.runs.full_disk import write_fault_error, write_fault_is_user_error
+from seq2seq.runs.claim import Claim, claim_each, restore_together, writing_in
+from seq2seq.runs.full_disk import write_fault_is_user_error
 from seq2seq.runs.train_state import TrainState
+from seq2seq.runtime import distributed
 from seq2seq.training import actions, loop
 from seq2seq.training.reports import CompileLog, Progress
-from seq2seq.training.trainer import Trainer, local_batches, stack, with_shardings
+from seq2seq.training.trainer import Trainer
 
 log = logging.getLogger("seq2seq")
+
+
+def _with_seed(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+  """A copy of `config` with config.train.seed `seed`: a member's own run."""
+  member = config_lib.copied(config)
+  member.train.seed = seed
+  return member
 
 
 def _stacked(*trees):
@@ -44,9 +53,8 @@ class SeedGroup(Trainer):
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path, seeds: list[int]):
     self.seeds = tuple(seeds)
     self.label = f" of {len(self.seeds)} seeds"
-    first = config_lib.copied(config)
-    first.train.seed = self.seeds[0]  # The one run's parts (batches, init) are member 0's.
-    super().__init__(first, workdir)
+    # The one run's parts (batches, init) are member 0's.
+    super().__init__(_with_seed(config, self.seeds[0]), workdir)
     # Every member's batches have one shape at every step (`TrainBatches._plan`).
     self.member_batches = [self.train_batches,
                            *map(self.train_batches.reseeded, self.seeds[1:])]
@@ -58,7 +66,7 @@ class SeedGroup(Trainer):
     return (len(self.seeds), *shape)
 
   def _local_input(self, step: int, size: int) -> dict:
-    return stack([local_batches(member, step, size) for member in self.member_batches])
+    return stack([member.steps(step, size) for member in self.member_batches])
 
   def _vectorized(self, step_function):
     return jax.vmap(step_function)
@@ -75,8 +83,8 @@ class SeedGroup(Trainer):
     self.init_state = jax.jit(
         lambda: _stacked(*[self._init(jax.random.key(seed)) for seed in self.seeds]),
         out_shardings=self.state_sharding)
-    self.abstract_state = with_shardings(jax.eval_shape(self.init_state),
-                                         self.state_sharding)
+    self.abstract_state = distributed.with_shardings(jax.eval_shape(self.init_state),
+                                                     self.state_sharding)
     # Member i's train state out of the group's, and the group's from its members'.
     self.member_state = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
                                 out_shardings=self.run_sharding)
@@ -133,13 +141,10 @@ class Members:
   def after_step(self, state, done: int, due: actions.Due, stopping: str | None) -> None:
     for run in self.runs:
       if run.training:
-        try:
-          run.after_step(state, done, due, stopping)
-        except Exception as e:  # A write its workdir refuses is the member's alone, too.
-          error = e if isinstance(e, UserError) else write_fault_error(
-              e, f"writing in {run.workdir}", run.checkpoints.latest_step())
-          if error is None:
-            raise
+        try:  # A write its workdir refuses is the member's alone, too.
+          with write_fault_is_user_error(f"writing in {run.workdir}", run.checkpoints.latest_step):
+            run.after_step(state, done, due, stopping)
+        except UserError as error:
           log.error("%s%s", run.label, error)  # The other members train on.
           run.end(error)
 
@@ -152,8 +157,8 @@ def train_seeds(config: ml_collections.ConfigDict,
                 runs: Mapping[int, str | Path]) -> dict[int, dict | Exception]:
   """Trains the run of `config` with each config.train.seed in `runs` (seed -> its workdir)
   as one program: the members with steps left, from one step (members a save ahead of the
-  others go back to their step, `_restore`). Each is the run `loop.train_and_evaluate` trains
-  with that seed (to float rounding).
+  others go back to their step, `claim.restore_together`). Each is the run
+  `loop.train_and_evaluate` trains with that seed (to float rounding).
 
   Returns:
     Per seed: what `train_and_evaluate` returns, or the `UserError` that ended that member
@@ -170,7 +175,8 @@ def train_seeds(config: ml_collections.ConfigDict,
 
   with (loop.started(config), contextlib.ExitStack() as stack,
         write_fault_is_user_error(writing_in(next(iter(runs.values()))), last_step)):
-    claims.update(_claim_members(config, runs, stack, results))
+    claims.update(claim_each({seed: (_with_seed(config, seed), workdir)
+                              for seed, workdir in runs.items()}, stack, results))
     if claims:
       members = list(claims.values())
       parent = parents.of(config, members[0].workdir, members[0].latest_step())
@@ -178,7 +184,7 @@ def train_seeds(config: ml_collections.ConfigDict,
       vocabulary.share(members[0].workdir, [claim.workdir for claim in members[1:]])
       log.info("Seeds %s train as one program.", ", ".join(map(str, group.seeds)))
       state, step = loop.compile_and_restore(group, members,
-                                             lambda: _restore(group, members, parent))
+                                             lambda: _restore(group, claims, parent))
       opened = [(claim.checkpoints, claim.workdir) for claim in members]
       trained = loop.run_loop(group, state, step, lambda progress, compile_log: Members(
           group, opened, step, progress, compile_log))
@@ -186,70 +192,12 @@ def train_seeds(config: ml_collections.ConfigDict,
   return {seed: results[seed] for seed in runs}
 
 
-def _claim_members(config, runs: dict[int, Path], stack: contextlib.ExitStack,
-                   results: dict) -> dict[int, Claim]:
-  """The members' workdirs taken (held within `stack`), of those with steps left; a member
-  that does not fit its workdir, or is complete, has its result in `results`."""
-  claims = {}
-  for seed, workdir in runs.items():
-    member = config_lib.copied(config)
-    member.train.seed = seed
-    try:  # A member that does not fit its workdir ends alone; the others train.
-      claim = Claim(member, workdir)
-      stack.callback(claim.close)
-      if (done := claim.finished()) is not None:
-        results[seed] = done
-      else:
-        claims[seed] = claim
-    except UserError as e:
-      results[seed] = e
-  for seed, claim in list(claims.items()):
-    try:
-      stack.enter_context(claim.held())
-    except workdirs.WorkdirInUse as e:  # Another training's: the other members train on.
-      results[seed] = e
-      del claims[seed]
-  return claims
-
-
-def shared_step(workdirs: list[Path], steps: list[list[int]]) -> int:
-  """The latest step that every member of a seed group has a checkpoint of (`steps`: each
-  member's, in `workdirs`), where they are at different steps: a stop during the group's save
-  (members save one after another) leaves some a save ahead of the others.
-
-  Raises:
-    UserError: they share no step (one is new, say): they cannot resume as one program.
-  """
-  shared = set.intersection(*map(set, steps))
-  if not shared:
-    held = [f"checkpoints {', '.join(map(str, s))}" if s else "no checkpoint" for s in steps]
-    raise UserError("The runs " + ", ".join(f"{workdir} ({what})" for workdir, what in
-                                            zip(workdirs, held, strict=True))
-                    + " share no checkpoint step and cannot resume as one program; train them"
-                    " one by one (seq2seq-sweep --one_by_one).")
-  return max(shared)
-
-
-def _restore(group: SeedGroup, claims: list[Claim],
+def _restore(group: SeedGroup, claims: dict[int, Claim],
              parent: parents.Parent | None) -> tuple[int | None, TrainState]:
   """The step restored (None: new) and the group's state to train from: its members' latest
-  good checkpoints, or a new one (from `parent`, if any). Members at different steps go back
-  to the latest step they all have (`shared_step`), one line says so, and the checkpoints
-  after it are removed: the group then trains as the uninterrupted group did, bit for bit."""
-  restored = [claim.checkpoints.restore_latest_good(group.run_abstract) for claim in claims]
-  while len(set(steps := [step for step, _ in restored])) > 1:
-    back = shared_step([claim.workdir for claim in claims],
-                       [claim.checkpoints.all_steps() for claim in claims])
-    ahead = [(i, seed) for i, (seed, step) in enumerate(zip(group.seeds, steps, strict=True))
-             if step > back]
-    log.info("Seeds %s are at steps %s (a stop during the group's save leaves them so): they"
-             " resume as one program from step %d, the last step they all have (the later"
-             " checkpoints of seed %s are removed, to be trained again).",
-             ", ".join(map(str, group.seeds)), ", ".join(map(str, steps)), back,
-             ", ".join(str(seed) for _, seed in ahead))
-    for i, _ in ahead:
-      claims[i].checkpoints.remove_after(back)
-      restored[i] = claims[i].checkpoints.restore_latest_good(group.run_abstract)
-  if steps[0] is None:
-    return None, parents.starter(group, parent, [claim.workdir for claim in claims])()
-  return steps[0], group.group_state([state for _, state in restored])
+  good checkpoints, at one step (`claim.restore_together`), or a new one (from `parent`, if
+  any)."""
+  step, states = restore_together(claims, group.run_abstract)
+  if step is None:
+    return None, parents.starter(group, parent, [claim.workdir for claim in claims.values()])()
+  return step, group.group_state(states)

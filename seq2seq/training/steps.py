@@ -4,6 +4,8 @@ The model crosses the jit boundary as `nnx.split` state (`graphdef` is static, t
 are traced), so each step is a pure function of its arguments.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -93,48 +95,59 @@ def train_step(state: TrainState, batch: dict, dropout_key, *, graphdef, optimiz
   i (so every device holds a share of each); their summed gradients give the
   same update as the whole batch at once, in about 1/k of the activation memory.
   """
-  accum_steps = train.grad_accum_steps
   # Folding in the step makes dropout a function of the step: resume is exact.
   step_key = jax.random.fold_in(dropout_key, state.step)
-
-  def summed_grads(micro_batch, key):
-    def loss_fn(params):
-      model = nnx.merge(graphdef, params)
-      rngs = nnx.Rngs(dropout=key)
-      memory = model.encode(micro_batch["src"], **_packing(micro_batch, "src"), rngs=rngs)
-      logits = model.decode(memory, micro_batch["tgt_in"], **_packing(micro_batch, "tgt"),
-                            rngs=rngs)
-      sums = cross_entropy(logits, micro_batch["tgt_out"], train.label_smoothing)
-      objective = sums["loss"]
-      for name, term in loss_terms(logits, micro_batch["tgt_out"], params, train).items():
-        sums[name] = term
-        objective = objective + term
-      return objective, sums
-
-    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    return grads, sums
-
-  if accum_steps == 1:
-    grads, sums = summed_grads(batch, step_key)
-  else:
-    # [rows, ...] -> [k, rows / k, ...] with micro-batch i = rows i::k.
-    micro = jax.tree.map(lambda x: x.reshape(-1, accum_steps, *x.shape[1:]).swapaxes(0, 1),
-                         batch)
-
-    def accumulate(total, xs):
-      i, micro_batch = xs
-      part = summed_grads(micro_batch, jax.random.fold_in(step_key, i))
-      return jax.tree.map(jnp.add, total, part), None
-
-    first = jax.tree.map(lambda x: x[0], micro)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                         jax.eval_shape(summed_grads, first, step_key))
-    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+  grads, sums = _summed_grads(state.params, batch, step_key, graphdef=graphdef, train=train)
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(sums, grad_norm=optax.tree.norm(grads))
   return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def _objective(params, batch: dict, key, *, graphdef, train: ml_collections.ConfigDict):
+  """The objective of a (micro-)batch, summed over its target tokens, with dropout from
+  `key`: the cross-entropy plus the loss terms; and the sums for the metrics (each term's)."""
+  model = nnx.merge(graphdef, params)
+  rngs = nnx.Rngs(dropout=key)
+  memory = model.encode(batch["src"], **_packing(batch, "src"), rngs=rngs)
+  logits = model.decode(memory, batch["tgt_in"], **_packing(batch, "tgt"), rngs=rngs)
+  sums = cross_entropy(logits, batch["tgt_out"], train.label_smoothing)
+  objective = sums["loss"]
+  for name, term in loss_terms(logits, batch["tgt_out"], params, train).items():
+    sums[name] = term
+    objective = objective + term
+  return objective, sums
+
+
+def _summed_grads(params, batch: dict, key, *, graphdef, train: ml_collections.ConfigDict):
+  """The gradient of `batch`'s token-summed objective and its sums: `(grads, sums)`. With
+  `grad_accum_steps` k > 1, micro-batch i (rows i::k) draws dropout from `key` folded with i,
+  and their gradients and sums add up."""
+  value_and_grad = jax.value_and_grad(
+      functools.partial(_objective, graphdef=graphdef, train=train), has_aux=True)
+
+  def summed_grads(micro_batch, key):
+    (_, sums), grads = value_and_grad(params, micro_batch, key)
+    return grads, sums
+
+  accum_steps = train.grad_accum_steps
+  if accum_steps == 1:
+    return summed_grads(batch, key)
+  # [rows, ...] -> [k, rows / k, ...] with micro-batch i = rows i::k.
+  micro = jax.tree.map(lambda x: x.reshape(-1, accum_steps, *x.shape[1:]).swapaxes(0, 1),
+                       batch)
+
+  def accumulate(total, xs):
+    i, micro_batch = xs
+    part = summed_grads(micro_batch, jax.random.fold_in(key, i))
+    return jax.tree.map(jnp.add, total, part), None
+
+  first = jax.tree.map(lambda x: x[0], micro)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                       jax.eval_shape(summed_grads, first, key))
+  (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+  return grads, sums
 
 
 def train_steps(state: TrainState, batches: dict, dropout_key, **train_step_kwargs):

@@ -3,7 +3,6 @@ vocabulary, the device mesh, the batches, the initial train state and the jitted
 and its validation."""
 
 import functools
-import math
 from pathlib import Path
 
 import jax
@@ -18,49 +17,12 @@ from seq2seq.data import batching, corpus
 from seq2seq.data.subword_sampling import SubwordSampler
 from seq2seq.decoding import translator
 from seq2seq.errors import UserError
-from seq2seq.evaluation import scores
+from seq2seq.evaluation import validation
 from seq2seq.models import build_model
 from seq2seq.runs import vocabulary
-from seq2seq.runs.train_state import TrainState, make_optimizer, new_train_state
+from seq2seq.runs.train_state import TrainState, initial_state, make_optimizer
 from seq2seq.runtime import compiling, distributed
 from seq2seq.training import steps
-
-
-def _read_text(config: ml_collections.ConfigDict) -> tuple[corpus.ParallelText,
-                                                           corpus.ParallelText]:
-  """The training pairs (the first data.max_train_examples if set) and the validation pairs
-  (the first eval.max_sentences if set)."""
-  train_text = corpus.read_split(config.data, "train")
-  val_text = corpus.read_split(config.data, config.eval.split)
-  if config.eval.max_sentences:
-    n = config.eval.max_sentences
-    val_text = corpus.ParallelText(val_text.src[:n], val_text.tgt[:n])
-  return train_text, val_text
-
-
-def _sharded_size(abstract_params, params_sharding) -> int:
-  """How many parameters FSDP splits (those not replicated)."""
-  return sum(x.size for x, sharding in zip(jax.tree.leaves(abstract_params),
-                                           jax.tree.leaves(params_sharding), strict=True)
-             if sharding.spec != P())
-
-
-def with_shardings(abstract, shardings):
-  """`abstract`'s ShapeDtypeStructs, placed by `shardings`."""
-  return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=sharding),
-                      abstract, shardings)
-
-
-def stack(batches: list[dict]) -> dict:
-  """Batches (dicts of equal-shaped arrays) stacked on a new leading axis."""
-  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
-
-
-def local_batches(batches: batching.TrainBatches, step: int, size: int) -> dict:
-  """This process's rows of the batches of steps `step`..`step + size - 1`: one step's
-  batch, or `size` stacked."""
-  return batches(step) if size == 1 else stack([batches(step + i) for i in range(size)])
 
 
 class Trainer:
@@ -75,7 +37,10 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: Path):
     self.config = config
-    train_text, self.val_text = _read_text(config)
+    # The training and validation pairs: the first data.max_train_examples, eval.max_sentences.
+    train_text = corpus.read_split(config.data, "train")
+    self.val_text = corpus.read_split(config.data, config.eval.split).first(
+        config.eval.max_sentences)
     self.tokenizer = vocabulary.load(
         workdir, lambda: corpus.vocabulary_text(config.data, train_text), config)
     self.mesh = distributed.make_mesh(config.train.fsdp)
@@ -98,7 +63,7 @@ class Trainer:
 
   def _local_input(self, step: int, size: int) -> dict:
     """This process's rows of the batch input of the call of `size` steps from `step`."""
-    return local_batches(self.train_batches, step, size)
+    return self.train_batches.steps(step, size)
 
   def _vectorized(self, step_function):
     """The train step as the train programs run it."""
@@ -136,9 +101,9 @@ class Trainer:
     self.run_sharding = jax.tree.map(functools.partial(distributed.fsdp_sharding, self.mesh),
                                      abstract)
     self.num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    self.num_sharded_params = _sharded_size(abstract.params, self.run_sharding.params)
+    self.num_sharded_params = distributed.sharded_size(abstract.params, self.run_sharding.params)
     # One run's state: what validation and the checkpoints read (and, for one run, train).
-    self.run_abstract = with_shardings(abstract, self.run_sharding)
+    self.run_abstract = distributed.with_shardings(abstract, self.run_sharding)
     self.state_sharding, self.abstract_state = self.run_sharding, self.run_abstract
     self.dropout_key = jax.jit(self._new_dropout_key, out_shardings=self.replicated)()
     self.init_state = jax.jit(lambda: self._init(config.train.seed),
@@ -149,8 +114,7 @@ class Trainer:
 
   def _init(self, seed) -> TrainState:
     """A new train state: the model initialized from `seed` (an int, or a key)."""
-    model = build_model(self.config, self.tokenizer.vocab_size, seed=seed)
-    return new_train_state(nnx.split(model, nnx.Param)[1], self.optimizer)
+    return initial_state(self.config, self.tokenizer.vocab_size, seed, self.optimizer)
 
   def _make_programs(self) -> None:
     """The jitted train step, validation loss and validation search, and the evaluation
@@ -162,19 +126,18 @@ class Trainer:
     # Compiled ahead (`compile`) for the shapes of the run's batches: told apart by them.
     by_batch_shape = lambda params_or_state, batch, *_: batch["src"].shape  # noqa: E731
     step_args = dict(graphdef=self.graphdef, optimizer=self.optimizer, train=config.train)
-    state_sharding, of = self.state_sharding, self.label
-    self.train_step = compiling.Programs(f"train step{of}", jax.jit(
-        self._vectorized(functools.partial(steps.train_step, **step_args)),
-        in_shardings=(state_sharding, self.step_sharding, self.replicated),
-        out_shardings=(state_sharding, self.replicated), donate_argnums=0), by_batch_shape,
-        plural=f"train steps{of}", options=train_options, threads=threads)
+
+    def train_program(what: str, function, batch_sharding) -> compiling.Programs:
+      return compiling.Programs(f"{what}{self.label}", jax.jit(
+          self._vectorized(functools.partial(function, **step_args)),
+          in_shardings=(self.state_sharding, batch_sharding, self.replicated),
+          out_shardings=(self.state_sharding, self.replicated), donate_argnums=0),
+          by_batch_shape, plural=f"{what}s{self.label}", options=train_options, threads=threads)
+
+    self.train_step = train_program("train step", steps.train_step, self.step_sharding)
     k = config.train.steps_per_call  # k stacked batches: a call of k steps.
-    self.train_call = compiling.Programs(f"{k}-step train call{of}", jax.jit(
-        self._vectorized(functools.partial(steps.train_steps, **step_args)),
-        in_shardings=(state_sharding, self.stacked_sharding, self.replicated),
-        out_shardings=(state_sharding, self.replicated), donate_argnums=0),
-        lambda state, batches, *_: batches["src"].shape,
-        plural=f"{k}-step train calls{of}", options=train_options, threads=threads)
+    self.train_call = train_program(f"{k}-step train call", steps.train_steps,
+                                    self.stacked_sharding)
     self.eval_step = compiling.Programs("validation loss", jax.jit(
         functools.partial(steps.eval_step, graphdef=self.graphdef),
         in_shardings=(params_sharding, self.data_sharding), out_shardings=self.replicated),
@@ -183,12 +146,8 @@ class Trainer:
         self.graphdef, config, translator.search_strategy(config.eval.beam_size, config.eval.alpha),
         name="validation search", jit=dict(in_shardings=(params_sharding, self.data_sharding),
                                            out_shardings=self.data_sharding))
-    # The programs seq2seq-evaluate and -translate compile for this run at its test beam:
-    # compiled here only to fill the persistent cache (written by process 0).
-    self.evaluation_search = translator.search_programs(
-        self.graphdef, config, translator.search_strategy(max(config.eval.test_beam_size, 1),
-                                                          config.eval.alpha),
-        name="evaluation search")  # Compiles nothing where test_beam_size is 0.
+    # Compiled here only to fill the persistent cache (`validation.compile_for_cache`).
+    self.evaluation_search = validation.evaluation_search(self.graphdef, config)
 
   def compile(self) -> None:
     """Compiles the train step for each batch shape (`compiling`), or with
@@ -219,11 +178,10 @@ class Trainer:
 
   def train(self, state: TrainState, step: int, size: int):
     """Dispatches the call of `size` steps from `step` (`call_size`): (state, metrics)."""
-    local = self._local_input(step, size)
-    if size == 1:
-      return self.train_step(state, self.to_device(local, self.step_sharding), self.dropout_key)
-    return self.train_call(state, self.to_device(local, self.stacked_sharding),
-                           self.dropout_key)
+    program, sharding = ((self.train_step, self.step_sharding) if size == 1
+                         else (self.train_call, self.stacked_sharding))
+    return program(state, self.to_device(self._local_input(step, size), sharding),
+                   self.dropout_key)
 
   @property
   def train_programs(self) -> list[compiling.Programs]:
@@ -239,11 +197,7 @@ class Trainer:
                for k, v in batch.items() if k != "index"}
       self.eval_step.add(self.run_abstract.params, batch, background=True)
       self.translate_step.add(self.run_abstract.params, batch["src"], background=True)
-    if (self.config.eval.test_beam_size and jax.process_index() == 0
-        and jax.config.jax_compilation_cache_dir):
-      params = compiling.shapes(self.run_abstract.params)
-      for src in translator.grid_sources(self.config, self.config.eval.batch_size):
-        self.evaluation_search.add(params, src, background=True)
+    validation.compile_for_cache(self.evaluation_search, self.config, self.run_abstract.params)
 
   @property
   def validation_programs(self) -> list[compiling.Programs]:
@@ -263,26 +217,14 @@ class Trainer:
     return {k: jax.make_array_from_process_local_data(sharding or self.data_sharding, v)
             for k, v in local_batch.items() if k != "index"}
 
-  def _local_rows(self, batch: dict) -> dict:
-    """This process's contiguous share of a global (every-process-identical) batch."""
-    p, n = jax.process_index(), jax.process_count()
-    rows = len(batch["src"]) // n
-    return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items()}
-
   def evaluate(self, params) -> dict:
-    """Validation loss/perplexity and sacreBLEU of the configured search."""
-    sums = {"nll": 0.0, "tokens": 0.0}
-    for batch in self.val_batches:
-      out = self.eval_step(params, self.to_device(self._local_rows(batch)))
-      sums = {k: sums[k] + float(out[k]) for k in sums}
-    loss = sums["nll"] / max(sums["tokens"], 1.0)
+    """Validation loss/perplexity and sacreBLEU of the configured search (`validation.scores`)."""
+    def on_device(batch):  # Each process's rows of an (every-process-identical) batch.
+      return self.to_device(distributed.local_rows(batch))
 
     def translate(batch):
-      ids, _ = self.translate_step(params, self.to_device(self._local_rows(batch))["src"])
+      ids, _ = self.translate_step(params, on_device(batch)["src"])
       return np.asarray(multihost_utils.process_allgather(ids[:, 0], tiled=True))
 
-    hypotheses = translator.translate_batches(translate, self.val_batches, self.tokenizer.decode,
-                                            len(self.val_text))
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-            **scores.bleu(hypotheses, self.val_text.tgt),
-            "example": hypotheses[0]}
+    return validation.scores(self.val_batches, lambda batch: self.eval_step(
+        params, on_device(batch)), translate, self.tokenizer.decode, self.val_text.tgt)
