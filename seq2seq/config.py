@@ -25,9 +25,15 @@ SCHEDULES = ("inverse_sqrt", "linear", "cosine")
 
 def base_config() -> ml_collections.ConfigDict:
   """Returns the config with every field at its default."""
-  c = ml_collections.ConfigDict()
+  return ml_collections.ConfigDict({
+      "model": _model_defaults(), "data": _data_defaults(), "train": _train_defaults(),
+      "eval": _eval_defaults(), "checkpoint": _checkpoint_defaults(),
+      "distributed": _distributed_defaults(), "compile": _compile_defaults()})
 
-  c.model = m = ml_collections.ConfigDict()
+
+def _model_defaults() -> ml_collections.ConfigDict:
+  """The model family and its architecture."""
+  m = ml_collections.ConfigDict()
   m.family = "transformer"  # Model family: one of seq2seq.models.FAMILY_NAMES.
   m.attention = "scaled_dot"  # Attention variant (models.ATTENTION_BY_FAMILY; the README).
   # `local` attention: each query sees keys this many positions away; the RNN's local_m and
@@ -72,14 +78,7 @@ def base_config() -> ml_collections.ConfigDict:
   # previous for concat, current for the other scores.
   m.rnn_query_state = "auto"
   m.reverse_source = False  # Read the source backwards (Sutskever et al., 2014).
-
-  c.data = _data_defaults()
-  c.train = _train_defaults()
-  c.eval = _eval_defaults()
-  c.checkpoint = _checkpoint_defaults()
-  c.distributed = _distributed_defaults()
-  c.compile = _compile_defaults()
-  return c
+  return m
 
 
 def _data_defaults() -> ml_collections.ConfigDict:

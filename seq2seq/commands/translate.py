@@ -61,8 +61,13 @@ def _translate(translator: Translator, lines: list[str]) -> list:
   return translator.translate(lines)
 
 
-def _check_alignment_flags() -> None:
-  """Refuses --alignment_layer without --alignment, and --alignment with an ensemble."""
+def _check_flags() -> None:
+  """Refuses the sampling flags without --sample, --alignment_layer without --alignment, and
+  --alignment with an ensemble."""
+  given = [f"--{name}" for name in ("temperature", "top_k", "seed") if flags.FLAGS[name].present]
+  if given and not _SAMPLE.value:
+    raise UserError(f"{', '.join(given)} applies to sampling only; add --sample, or drop"
+                    f" {given[0]}.")
   if _LAYER.present and not _ALIGNMENT.value:
     raise UserError("--alignment_layer applies to --alignment only; add --alignment, or drop"
                     " --alignment_layer.")
@@ -72,17 +77,28 @@ def _check_alignment_flags() -> None:
                     " them.")
 
 
+def _answer_each_line(translator: Translator, printed: list[int]) -> None:
+  """Answers each line typed at the terminal as it comes, until Ctrl-D; `printed` gets the
+  index of each line printed."""
+  print("Type a sentence and Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
+  for index, line in enumerate(sys.stdin):
+    out = _output_lines(_translate(translator, [line.rstrip("\r\n")]), index)
+    # A signal as the line is printed waits for its count: the reader may have seen the line
+    # and pressed Ctrl-C before `flush` returned here.
+    with signals.defer_interrupts():
+      sys.stdout.write(as_lines(out))
+      sys.stdout.flush()
+      printed.append(index)
+    signals.raise_if_interrupted()
+
+
 def main(argv):
   del argv
 
   printed = []  # Interactive: the lines answered so far.
 
   def translate():
-    given = [f"--{name}" for name in ("temperature", "top_k", "seed") if flags.FLAGS[name].present]
-    if given and not _SAMPLE.value:
-      raise UserError(f"{', '.join(given)} applies to sampling only; add --sample, or drop"
-                      f" {given[0]}.")
-    _check_alignment_flags()
+    _check_flags()
     if _OUTPUT.value != "-":
       check_output(_OUTPUT.value, "--output",
                    inputs={"--input": _INPUT.value} if _INPUT.value != "-" else {})
@@ -99,16 +115,7 @@ def main(argv):
     if _ALIGNMENT.value:
       alignment.alignment_layer(translator, _LAYER.value)  # A wrong layer fails at once.
     if interactive:
-      print("Type a sentence and Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
-      for index, line in enumerate(sys.stdin):
-        out = _output_lines(_translate(translator, [line.rstrip("\r\n")]), index)
-        # A signal as the line is printed waits for its count: the reader may have seen the
-        # line and pressed Ctrl-C before `flush` returned here.
-        with signals.defer_interrupts():
-          sys.stdout.write(as_lines(out))
-          sys.stdout.flush()
-          printed.append(index)
-        signals.raise_if_interrupted()
+      _answer_each_line(translator, printed)
       return
     out = _output_lines(_translate(translator, lines))
     if _OUTPUT.value == "-":

@@ -106,36 +106,20 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   output.check_out(Path(out_dir))
   runs = _runs(run_dirs, baseline, beam_size, alpha)
   parents = _parents(runs)
-  sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
-  named = [ts.name for ts in sets]
-  twice = _repeated(named)
-  if twice is not None:  # Its columns would hold one set's scores, its p-values the other's.
-    raise UserError(f"--test_set names {twice!r} twice, for different files; give each set its"
-                    " own NAME.")
+  sets, named = _sets(split, test_sets)
   before = [_earlier(Path(d), named, (beam_size, alpha)) for d in earlier]
-  configs = {run.name: flat_config(run.config) for run in runs}
-  configs.update(_earlier_configs(before, configs[runs[0].name]))
-  fields = _differing(list(configs.values()))
-  earlier_rows = [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
-                  for e in before for row in e.rows]
-  _each_once([], earlier_rows, fields, named)  # Before anything is decoded.
-  against = _welch_reference(welch_against, [run.name for run in runs] + [
-      row["run"] for row in earlier_rows])
+  configs, fields, earlier_rows = _configs(runs, before, named)
+  against = _welch_reference(welch_against, runs, earlier_rows)
   texts = _texts(runs, sets)
   gold, layer = _gold(gold_alignment, texts[split])  # A wrong file fails before decoding.
   translators = _translators(runs, beam_size, alpha, gold, layer)
-  rows, hyps = _score(runs, translators, fields, sets, texts, beam_size, alpha)
-  _add_significance(rows, sets, hyps, texts, n_samples)
+  rows, hyps = _score(runs, translators, fields, sets, texts, (beam_size, alpha), n_samples)
   _add_alignment_error(rows, translators, split, texts[split], gold, layer)
   for row in rows if parents else []:
     row["parent"] = parents.get(row["run"])
-  for e in before:
-    _check_signature(e, rows[0])
+  _check_signatures(before, rows[0])
   joined = _each_once(rows, earlier_rows, fields, named)
-  columns = ["run", *fields, *FIXED_COLUMNS, *(["parent"] if parents else [])] + [
-      f"{ts.name}_{c}" for ts in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
-                                                  "p_value")] + (
-      [f"{split}_aer"] if gold is not None else [])
+  columns = _columns(fields, bool(parents), named, f"{split}_aer" if gold is not None else None)
   seeds = seed_aggregate(joined, fields, named, against)
 
   def write(folder: Path) -> None:
@@ -152,11 +136,45 @@ def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: s
   return joined
 
 
+def _sets(split: str, test_sets: Sequence[TestSet]) -> tuple[list[TestSet], list[str]]:
+  """The sets every run is scored on: `val`, `split` and the extra test sets, each once; and
+  their names."""
+  sets = list(dict.fromkeys([TestSet("val"), TestSet(split), *test_sets]))
+  names = [ts.name for ts in sets]
+  twice = _repeated(names)
+  if twice is not None:  # Its columns would hold one set's scores, its p-values the other's.
+    raise UserError(f"--test_set names {twice!r} twice, for different files; give each set its"
+                    " own NAME.")
+  return sets, names
+
+
+def _configs(runs: list[_Run], before: list[report.Earlier],
+             sets: list[str]) -> tuple[dict[str, dict], list[str], list[dict]]:
+  """The flat config of every run in the tables by name (the `before` comparisons' too), the
+  fields that differ between them, and the earlier rows with those fields; checked, before
+  anything is decoded, to hold no run twice (`_each_once`)."""
+  configs = {run.name: flat_config(run.config) for run in runs}
+  configs.update(_earlier_configs(before, configs[runs[0].name]))
+  fields = _differing(list(configs.values()))
+  earlier_rows = [{**row, **{f: configs[row["run"]].get(f) for f in fields}}
+                  for e in before for row in e.rows]
+  _each_once([], earlier_rows, fields, sets)
+  return configs, fields, earlier_rows
+
+
+def _columns(fields: list[str], parent: bool, sets: list[str], aer: str | None) -> list[str]:
+  """The table's columns: the run, the `fields` that differ, the fixed ones, the parent
+  (where a run has one), each set's scores, and the alignment error rate `aer` (if any)."""
+  return ["run", *fields, *FIXED_COLUMNS, *(["parent"] if parent else [])] + [
+      f"{name}_{c}" for name in sets for c in ("bleu", "bleu_lc", "chrf", "bleu_ci95",
+                                               "p_value")] + ([aer] if aer else [])
+
+
 def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
           alpha: float) -> list[_Run]:
   """The runs to compare, the baseline first (`baseline`, or the first of `run_dirs`), each
   checked and its config and training record read before anything is written."""
-  run_dirs = _check_runs(run_dirs)
+  run_dirs = records.check_runs(run_dirs)
   if baseline and not (Path(baseline) / workdirs.CONFIG).exists():
     raise UserError(f"--baseline={baseline} is not a training run (no config.json); pass one of"
                     " the compared workdirs.")
@@ -251,8 +269,10 @@ def _each_once(rows: list[dict], earlier_rows: list[dict], fields: list[str],
   return rows + earlier_rows
 
 
-def _welch_reference(name: str, names: list[str]) -> str:
-  """The row whose variant Welch's test is against: `name`, or the baseline (the first)."""
+def _welch_reference(name: str, runs: list[_Run], earlier_rows: list[dict]) -> str:
+  """The row whose variant Welch's test is against: `name` (one of the `runs` or of the
+  `earlier_rows`), or the baseline (the first run)."""
+  names = [run.name for run in runs] + [row["run"] for row in earlier_rows]
   if name and name not in names:
     raise UserError(f"--welch_against={name} names no compared run; pass a row's name as the"
                     f" table shows it, one of: {', '.join(names)}.")
@@ -264,37 +284,13 @@ def _repeated(names: Sequence[str]) -> str | None:
   return next((name for name in names if names.count(name) > 1), None)
 
 
-def _check_signature(earlier: report.Earlier, baseline: dict) -> None:
-  """A `UserError` unless the earlier comparison's sacreBLEU signature is the baseline's."""
-  if earlier.signature not in (None, baseline["bleu_signature"]):
-    raise UserError(f"--earlier={earlier.directory} was scored as {earlier.signature}, these"
-                    f" runs as {baseline['bleu_signature']}; join comparisons of one sacreBLEU"
-                    " version.")
-
-
-def _check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
-  """The given run workdirs, each once; a path that is not a run is a `UserError` naming it."""
-  if not run_dirs:
-    raise UserError("No training runs among the given directories; pass run workdirs.")
-  bad = [f"{w} ({_not_a_run(Path(w))})" for w in run_dirs
-         if not (Path(w) / workdirs.CONFIG).is_file()]
-  if bad:
-    what = "Not a training run" if len(bad) == 1 else "Not training runs"
-    raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that seq2seq-train"
-                    " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
-  seen = {}
-  for w in map(Path, run_dirs):
-    first = seen.setdefault(w.resolve(), w)
-    if first is not w:  # By another path or a link: one row, silently, of two named.
-      raise UserError(f"The runs to compare list one run twice ({first} and {w}); name each run"
-                      " once: the table and its tests count each run once.")
-  return list(seen.values())
-
-
-def _not_a_run(path: Path) -> str:
-  if not path.exists():
-    return "does not exist"
-  return "no config.json" if path.is_dir() else "not a directory"
+def _check_signatures(before: list[report.Earlier], baseline: dict) -> None:
+  """A `UserError` unless each earlier comparison's sacreBLEU signature is the baseline's."""
+  for earlier in before:
+    if earlier.signature not in (None, baseline["bleu_signature"]):
+      raise UserError(f"--earlier={earlier.directory} was scored as {earlier.signature}, these"
+                      f" runs as {baseline['bleu_signature']}; join comparisons of one"
+                      " sacreBLEU version.")
 
 
 def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:
@@ -330,10 +326,11 @@ def _translators(runs: list[_Run], beam_size: int, alpha: float, gold: Gold | No
 
 
 def _score(runs: list[_Run], translators: dict[str, Translator], fields: list[str],
-           sets: list[TestSet], texts: dict, beam_size: int,
-           alpha: float) -> tuple[list[dict], dict]:
-  """Each run's row (its differing config fields, size, training record and scores per set)
-  and its hypotheses per set (`hyps[set][run]`), decoded by its translator in `translators`."""
+           sets: list[TestSet], texts: dict, search: tuple[int, float],
+           n_samples: int) -> tuple[list[dict], dict]:
+  """Each run's row (its differing config fields, size, training record, and per set its
+  scores and their significance, `_add_significance`) and its hypotheses per set
+  (`hyps[set][run]`), decoded by its translator in `translators` (`search`: beam, alpha)."""
   rows, hyps = [], defaultdict(dict)
   for run in runs:
     translator = translators[run.name]
@@ -342,13 +339,14 @@ def _score(runs: list[_Run], translators: dict[str, Translator], fields: list[st
     row = {"run": run.name, **{f: flat.get(f) for f in fields},
            "parameters": _num_params(translator), **record}
     for ts in sets:
-      scores, hyps[ts.name][run.name] = evaluation(run.workdir, ts, beam_size, alpha,
-                                                   translator, texts[ts.name])
+      scores, hyps[ts.name][run.name] = evaluation(run.workdir, ts, *search, translator,
+                                                   texts[ts.name])
       row[f"{ts.name}_bleu"], row[f"{ts.name}_chrf"] = scores["bleu"], scores["chrf"]
       row[f"{ts.name}_bleu_lc"] = scores["bleu_lowercase"]
       row["bleu_signature"] = scores["bleu_signature"]
       row["bleu_lc_signature"] = scores["bleu_lowercase_signature"]
     rows.append(row)
+  _add_significance(rows, sets, hyps, texts, n_samples)
   return rows, hyps
 
 

@@ -1,9 +1,11 @@
-"""A compared run's training record: what its metrics.jsonl says of its training (steps,
-minutes, throughput) and its validation curve, for the table's columns and curves.png."""
+"""The compared runs: each checked to be a run, named once (`check_runs`), and its training
+record: what its metrics.jsonl says of its training (steps, minutes, throughput) and its
+validation curve, for the table's columns and curves.png (`training_record`)."""
 
 import json
 import logging
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from seq2seq.errors import UserError
@@ -50,3 +52,29 @@ def train_seconds(train: list[dict]) -> float:
   before = [0] + [r["step"] for r in train[:-1]]
   return sum(r["tokens_per_step"] * (r["step"] - last) / r["tokens_per_sec"]
              for r, last in zip(train, before, strict=True) if r["tokens_per_sec"])
+
+
+def check_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
+  """The given run workdirs, each once; a path that is not a run is a `UserError` naming it."""
+  if not run_dirs:
+    raise UserError("No training runs among the given directories; pass run workdirs.")
+  bad = [f"{w} ({not_a_run(Path(w))})" for w in run_dirs
+         if not (Path(w) / workdirs.CONFIG).is_file()]
+  if bad:
+    what = "Not a training run" if len(bad) == 1 else "Not training runs"
+    raise UserError(f"{what}: {', '.join(bad)}; pass only the workdirs that seq2seq-train"
+                    " wrote (each holds config.json), e.g. runs/rnn_attention/*.")
+  seen = {}
+  for w in map(Path, run_dirs):
+    first = seen.setdefault(w.resolve(), w)
+    if first is not w:  # By another path or a link: one row, silently, of two named.
+      raise UserError(f"The runs to compare list one run twice ({first} and {w}); name each run"
+                      " once: the table and its tests count each run once.")
+  return list(seen.values())
+
+
+def not_a_run(path: Path) -> str:
+  """Why `path` is not a run: it does not exist, holds no config.json or is a file."""
+  if not path.exists():
+    return "does not exist"
+  return "no config.json" if path.is_dir() else "not a directory"

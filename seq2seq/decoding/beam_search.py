@@ -166,13 +166,22 @@ def beam_search(step_fn, cache, batch_size: int, max_len: int, *, beam_size: int
   caps = jnp.full((batch_size,), max_len, jnp.int32) if caps is None else caps
   sizes = (batch_size,) if memory is None else compaction_sizes(batch_size, smallest)
   search = functools.partial(_search_part, step_fn, memory, alpha=alpha, nbest=nbest)
-  resizable = hasattr(cache, "resized")
+  state = _in_phases(search, state, caps, rows, sizes, max_len, shortest_phase)
+  return _nbest(state, alpha, nbest, caps)
+
+
+def _in_phases(search, state: BeamState, caps: jnp.ndarray, rows: jnp.ndarray,
+               sizes: tuple[int, ...], max_len: int, shortest_phase: int) -> BeamState:
+  """`state` searched to the end: a loop per phase of a resizable cache (`cache_lengths`; one
+  over `max_len` otherwise), each stepping at the batch sizes of `sizes` in turn (`search`:
+  `_search_part` over the model's step), down to the next once only that many are live."""
+  resizable = hasattr(state.cache, "resized")
   for length in cache_lengths(max_len, shortest_phase) if resizable else (max_len,):
     if resizable:
       state = state._replace(cache=state.cache.resized(length))
     for size, fewer in zip(sizes, sizes[1:] + (0,), strict=True):
       state = search(state, caps, rows, size=size, fewer=fewer, end=length)
-  return _nbest(state, alpha, nbest, caps)
+  return state
 
 
 def _search_part(step_fn, memory, state: BeamState, caps: jnp.ndarray, rows: jnp.ndarray, *,

@@ -118,23 +118,10 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
   """
-  if plot_attention and (ensemble or checkpoint.startswith("ensemble:")):
-    raise UserError("--plot_attention draws one model's attention, not an ensemble's; drop one"
-                    " of them.")
-  if gold_alignment and (ensemble or checkpoint.startswith("ensemble:")):
-    raise UserError("--gold_alignment scores one model's attention, not an ensemble's; drop one"
-                    " of them.")
-  if plot_attention < 0:
-    raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
-                    " of sentences to draw (0: none).")
+  _check_flags(checkpoint, ensemble, plot_attention, gold_alignment, src_file, ref_file)
   workdir = Path(workdir)
-  if bool(src_file) != bool(ref_file):
-    raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
   if src_file:  # Checked before the model loads: a wrong path fails at once.
-    sources, references = read_lines(src_file, "--src_file"), read_lines(ref_file, "--ref_file")
-    if len(sources) != len(references):
-      raise UserError(f"--src_file={src_file} has {len(sources)} lines but --ref_file={ref_file}"
-                      f" has {len(references)}; pass a reference line for every source line.")
+    sources, references = _read_pairs(src_file, ref_file)
   translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
                           batch_size=batch_size, ensemble=ensemble)
   if plot_attention:  # Before decoding: the pictures would come last, and blank.
@@ -147,11 +134,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   else:
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
-  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
-                                       if ensemble else "")
-  prefix = eval_dir(workdir, out) / f"{name}.{tag}.beam{beam_size}"
-  if reference:
-    prefix = _apart(prefix, reference)
+  prefix = _prefix(eval_dir(workdir, out), name, checkpoint, ensemble, beam_size, reference)
   aer = (alignment_scores(translator, sources, references,
                           read_gold(gold_alignment, sources, references, gold_one_based),
                           layer=alignment_layer)
@@ -160,6 +143,44 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
                           {**(aer or {}), **reference})
   _draw_attention(translator, sources, name, prefix, plot_attention)
   return result, prefix
+
+
+def _prefix(directory: Path, name: str, checkpoint: str, ensemble: Sequence[str],
+            beam_size: int, reference: dict) -> Path:
+  """The path prefix of the evaluation's files in `directory`: `<name>.<checkpoint>.beam<k>`,
+  the checkpoint tagged with the `ensemble`'s members, and set apart from another reference's
+  scores of the same source (`_apart`) where `reference` names one."""
+  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
+                                       if ensemble else "")
+  prefix = directory / f"{name}.{tag}.beam{beam_size}"
+  return _apart(prefix, reference) if reference else prefix
+
+
+def _check_flags(checkpoint: str, ensemble: Sequence[str], plot_attention: int,
+                 gold_alignment: str, src_file: str, ref_file: str) -> None:
+  """Refuses, before anything loads, `run_evaluation`'s arguments that do not go together:
+  an ensemble's attention drawn or scored, a negative `plot_attention`, or one of `src_file`
+  and `ref_file` without the other."""
+  if plot_attention and (ensemble or checkpoint.startswith("ensemble:")):
+    raise UserError("--plot_attention draws one model's attention, not an ensemble's; drop one"
+                    " of them.")
+  if gold_alignment and (ensemble or checkpoint.startswith("ensemble:")):
+    raise UserError("--gold_alignment scores one model's attention, not an ensemble's; drop one"
+                    " of them.")
+  if plot_attention < 0:
+    raise UserError(f"--plot_attention={plot_attention} must not be negative; pass the number"
+                    " of sentences to draw (0: none).")
+  if bool(src_file) != bool(ref_file):
+    raise UserError("Pass both --src_file and --ref_file, or neither (to use --split).")
+
+
+def _read_pairs(src_file: str, ref_file: str) -> tuple[list[str], list[str]]:
+  """The lines of `src_file` and of `ref_file`, a reference for every source."""
+  sources, references = read_lines(src_file, "--src_file"), read_lines(ref_file, "--ref_file")
+  if len(sources) != len(references):
+    raise UserError(f"--src_file={src_file} has {len(sources)} lines but --ref_file={ref_file}"
+                    f" has {len(references)}; pass a reference line for every source line.")
+  return sources, references
 
 
 def _draw_attention(translator: Translator, sources: Sequence[str], name: str, prefix: Path,

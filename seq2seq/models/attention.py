@@ -256,22 +256,7 @@ class MultiHeadAttention(nnx.Module):
     `map2` and `lambda`) and the `gate` on each head's output, `[batch, heads, q, 1]` (an
     element-wise gate's mean over the head's features).
     """
-    query = split_heads(self.query(x), self.num_heads)
-    if self.qk_scale is not None:  # The learned scale in place of the variant's divisor.
-      scale = self.qk_scale[...] * self.variant.qk_scale(query.shape[-1])
-      query = unit_length(query) * scale.astype(query.dtype)
-    options = self._options(self.variant)
-    if self.normalizer != "softmax":  # A variant's own default is the softmax.
-      options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()),
-                                    self.alpha)
-    relative, entry = None, self.position
-    if positions is not None and entry is not None:
-      if entry.rotate:
-        query = entry.rotate(query, positions[0])
-      relative = positions[1][:, None, :] - positions[0][:, :, None]  # [b or 1, q, k]
-      if entry.bias:
-        bias = entry.bias(query, relative, self.position_params, self.num_heads)
-        options["bias"] = jnp.broadcast_to(bias, query.shape[:2] + bias.shape[2:])
+    query, options, relative = self._query(x, positions)
     # Fewer key rows than query rows: each sentence's keys serve `groups` adjacent query
     # rows (its beams), which attend together as one row's `groups * q` queries.
     groups = query.shape[0] // keys.shape[0]
@@ -290,17 +275,11 @@ class MultiHeadAttention(nnx.Module):
             for name, part in (maps[0] if maps else {}).items()}
     if groups > 1:
       context, weights = ungroup_rows(context, groups), ungroup_rows(weights, groups)
-    # Dropout on the attention weights only changes the weighted sum. Its mask is drawn for
-    # the query rows as they are (so grouped beams drop what they would ungrouped), and the
-    # sum is taken grouped again, over each sentence's one copy of the values.
-    used = weights
+    used = weights  # The weights the values are summed with.
     if dropping and not self.variant.drops_inside:
-      used = self.dropout(weights, deterministic=False, rngs=rngs)
-      context = weighted_sum(group_rows(used, groups) if groups > 1 else used, values)
-      if groups > 1:
-        context = ungroup_rows(context, groups)
-    if relative is not None and entry.value:
-      context = context + entry.value(used, relative, self.position_params)
+      used, context = self._dropped(weights, values, groups, rngs)
+    if relative is not None and self.position.value:
+      context = context + self.position.value(used, relative, self.position_params)
     gate = None if self.gate is None else self.gate_values(x)
     if gate is not None:
       context = context * gate.astype(context.dtype)
@@ -308,6 +287,41 @@ class MultiHeadAttention(nnx.Module):
     if return_weights and return_parts:
       return out, self._parts(weights, maps, gate)
     return (out, weights) if return_weights else out
+
+  def _query(self, x, positions) -> tuple[jnp.ndarray, dict[str, Any], jnp.ndarray | None]:
+    """`__call__`'s query heads `[batch, heads, q, head_dim]` (unit length and scaled under
+    QK-norm, turned by their positions where those rotate), the options of the variant's
+    `attend` (its hyperparameters, the normalizer, the positions' bias), and the distances
+    `[batch or 1, q, k]` from each query to each key where positions act inside attention."""
+    query = split_heads(self.query(x), self.num_heads)
+    if self.qk_scale is not None:  # The learned scale in place of the variant's divisor.
+      scale = self.qk_scale[...] * self.variant.qk_scale(query.shape[-1])
+      query = unit_length(query) * scale.astype(query.dtype)
+    options = self._options(self.variant)
+    if self.normalizer != "softmax":  # A variant's own default is the softmax.
+      options["normalizer"] = bound(self.normalizer, tuple(self._options(self._normalizer).items()),
+                                    self.alpha)
+    relative, entry = None, self.position
+    if positions is not None and entry is not None:
+      if entry.rotate:
+        query = entry.rotate(query, positions[0])
+      relative = positions[1][:, None, :] - positions[0][:, :, None]  # [b or 1, q, k]
+      if entry.bias:
+        bias = entry.bias(query, relative, self.position_params, self.num_heads)
+        options["bias"] = jnp.broadcast_to(bias, query.shape[:2] + bias.shape[2:])
+    return query, options, relative
+
+  def _dropped(self, weights, values, groups: int, rngs: nnx.Rngs):
+    """Dropout on the attention `weights` outside the variant's kernel: the weights dropped,
+    and the context summed again with them (dropout only changes the weighted sum). Its mask
+    is drawn for the query rows as they are (so grouped beams drop what they would
+    ungrouped), and the sum is taken grouped again, over each sentence's one copy of the
+    values."""
+    used = self.dropout(weights, deterministic=False, rngs=rngs)
+    context = weighted_sum(group_rows(used, groups) if groups > 1 else used, values)
+    if groups > 1:
+      context = ungroup_rows(context, groups)
+    return used, context
 
   @staticmethod
   def _parts(weights, maps, gate) -> dict[str, jnp.ndarray]:

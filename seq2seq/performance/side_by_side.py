@@ -123,6 +123,19 @@ def anchor_side(folder: Path, s: Shapes, src, tgt):
     updates, opt_state = optimizer.update(grads, state[1], state[0])
     return (optax.apply_updates(state[0], updates), opt_state), loss
 
+  search = _anchor_search(models, decode, cfg, s, src)
+  state = [(params, optimizer.init(params))]
+  key = jax.random.key(1)
+
+  def train_once():
+    state[0], loss = train(state[0], key)
+    return loss
+  return train_once, lambda: search(state[0][0])
+
+
+def _anchor_search(models, decode, cfg, s: Shapes, src):
+  """`params -> ids`: flax examples/wmt's beam search of the first `s.decode_batch` sources,
+  as its decode.py runs it (`cfg`: its training model's config)."""
   decode_cfg = cfg.replace(deterministic=True, decode=True)
   inputs = src[:s.decode_batch]
   cache = models.Transformer(decode_cfg).init(
@@ -144,13 +157,7 @@ def anchor_side(folder: Path, s: Shapes, src, tgt):
                                       alpha=0.6, eos_id=2, max_decode_len=s.decode_len)
     return sequences[:, -1, 1:]
 
-  state = [(params, optimizer.init(params))]
-  key = jax.random.key(1)
-
-  def train_once():
-    state[0], loss = train(state[0], key)
-    return loss
-  return train_once, lambda: search(state[0][0], inputs, cache)
+  return lambda params: search(params, inputs, cache)
 
 
 def project_side(s: Shapes, src, tgt, tgt_in):
