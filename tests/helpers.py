@@ -69,24 +69,20 @@ FAST = ["--config.data.max_train_examples=300", "--config.data.max_len=16",
         "--config.eval.max_decode_len_b=0"]
 
 
-def given_once(flags_: list[str]) -> list[str]:
-  """`flags_` with each `--name=value` flag once, at its first place with its last value: the
-  commands refuse a flag of one value given twice (`cli.check_flags_given_once`)."""
-  last = {f.split("=", 1)[0]: f for f in flags_ if f.startswith("--") and "=" in f}
-  kept, seen = [], set()
-  for f in flags_:
-    name = f.split("=", 1)[0] if f.startswith("--") and "=" in f else None
-    if name is None or name not in seen:
-      kept.append(last[name] if name else f)
-      seen.add(name)
-  return kept
+def overridden(flags_: list[str], overrides: list[str]) -> list[str]:
+  """`flags_` with each of `overrides` (`--name=value`) in the place of the flag of its name, or
+  appended where `flags_` has none: the commands refuse a flag of one value given twice
+  (`cli.check_flags_given_once`). Flags that may repeat (`--sweep`) stay as given."""
+  values = {f.split("=", 1)[0]: f for f in overrides}
+  kept = [values.pop(f.split("=", 1)[0], f) if f.startswith("--") else f for f in flags_]
+  return kept + list(values.values())
 
 
 def train_command(workdir, *overrides: str) -> list[str]:
   """scripts/train.py on configs/tiny.py with FAST, then `overrides` (which win over FAST)."""
   return [sys.executable, str(ROOT / "scripts" / "train.py"),
-          *given_once([f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST,
-                       *overrides])]
+          *overridden([f"--config={ROOT / 'configs' / 'tiny.py'}", f"--workdir={workdir}", *FAST],
+                      list(overrides))]
 
 
 def train_script(workdir, *overrides: str):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENV, ROOT
+from tests.helpers import ENV, ROOT, overridden
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A section named in prose: `docs/training.md`, "Compilation" (or README.md, "Results").
@@ -91,11 +91,9 @@ def shortened(line: str) -> str:
   if not extra or line.lstrip().startswith("#"):
     return line
   body, background = (line.rstrip()[:-1], " &") if line.rstrip().endswith("&") else (line, "")
-  flags_ = {f.split("=", 1)[0]: f for f in extra}
   # A flag the line gives already takes the short value in its place (a flag given twice is
   # refused); the others are appended.
-  body = re.sub(r"(?<!\S)(--[\w.]+)=\S+", lambda m: flags_.pop(m[1], m[0]), body)
-  return f"{body.rstrip()} {' '.join(flags_.values())}{background}".rstrip()
+  return " ".join(overridden(body.rstrip().split(" "), extra)) + background
 
 
 def test_a_shortened_line_gives_each_flag_once_with_the_short_value():
