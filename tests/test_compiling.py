@@ -188,6 +188,24 @@ def test_programs_compile_ahead_then_run_without_compiling():
     programs(jnp.arange(4, dtype=jnp.float32), jnp.float32(1.0))
 
 
+def test_a_call_compiles_its_own_program_at_once_when_the_pool_has_not_begun_it():
+  # The one-thread pool is held by another task: both programs wait in its queue. A call for
+  # the second compiles it on the calling thread, at once; the first stays the pool's.
+  programs = compiling.Programs("triple", jax.jit(lambda x: 3 * x), threads=1)
+  release = threading.Event()
+  holder = compiling._pool(1).submit(release.wait, 60)
+  try:
+    for n in (2, 7):
+      programs.add(jax.ShapeDtypeStruct((n,), jnp.float32), background=True)
+    np.testing.assert_array_equal(programs(jnp.arange(7, dtype=jnp.float32)), 3 * np.arange(7))
+    assert not holder.done()  # Not the pool: it was still held.
+    assert len(programs) == 2 and not programs.ready()
+  finally:
+    release.set()
+  assert [done.key for done in programs.wait()] == [((2,),), ((7,),)]
+  np.testing.assert_array_equal(programs(jnp.arange(2, dtype=jnp.float32)), 3 * np.arange(2))
+
+
 def test_counting_tells_compiled_from_cached(fresh_cache):
   def fn(x):
     return jnp.sin(x) * 3

@@ -299,7 +299,8 @@ class Programs:
 
   Programs added in the foreground are lowered on the calling thread (tracing is Python) and
   compiled on a pool of threads (XLA compiles without the GIL); those added in the background
-  are lowered there too, so that the caller goes on at once. A call waits for its program.
+  are lowered there too, so that the caller goes on at once. A call waits for its program;
+  one still queued behind others is compiled on the calling thread at once instead.
 
   Args:
     name: what the program computes, for the start-up line ("train step").
@@ -317,6 +318,8 @@ class Programs:
     self._key = key or (lambda *args: tuple(x.shape for x in jax.tree.leaves(args)))
     self.options, self._threads = dict(options or {}), threads
     self._futures: dict[Hashable, concurrent.futures.Future] = {}
+    self._tasks: dict[Hashable, Callable[[], Compiled]] = {}  # What each future compiles: to compile it here.
+    self._lock = threading.Lock()
 
   def add(self, *args, background: bool = False) -> None:
     """Compiles for `args` (arrays or `jax.ShapeDtypeStruct`s) on the pool, lowered here, or
@@ -330,8 +333,10 @@ class Programs:
       start = time.perf_counter()
       lowered = self._jitted.lower(*args)
       task = (_compile, key, lambda: lowered, self.options, time.perf_counter() - start)
+    self._tasks[key] = functools.partial(*task)
     self._futures[key] = future = _pool(self._threads).submit(*task)
     _UNFINISHED.add(future)
+    future.add_done_callback(lambda _: self._tasks.pop(key, None))  # Its lowering, freed.
     future.add_done_callback(_UNFINISHED.discard)
 
   def __len__(self) -> int:
@@ -352,10 +357,24 @@ class Programs:
         del self._futures[key]
 
   def __call__(self, *args):
-    future = self._futures.get(self._key(*args))
-    if future is None:
-      raise KeyError(f"{self.name} was not compiled for {self._key(*args)}; only for"
-                     f" {list(self._futures)}")
+    key = self._key(*args)
+    with self._lock:
+      future = self._futures.get(key)
+      if future is None:
+        raise KeyError(f"{self.name} was not compiled for {key}; only for"
+                       f" {list(self._futures)}")
+      # Still queued behind other programs on the pool: compiled here, now, so that a call
+      # (a server's first request) waits for its own program only.
+      task = self._tasks.get(key)
+      here = future.cancel()  # False once it runs (here too: `set_running_or_notify_cancel`).
+      if here:
+        self._futures[key] = future = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+    if here:
+      try:
+        future.set_result(task())
+      except BaseException as e:
+        future.set_exception(e)
     return future.result().executable(*args)
 
 
