@@ -23,7 +23,7 @@ from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
 from seq2seq.decoding import search
 from seq2seq.decoding.ensemble import Ensemble, stack
 from seq2seq.errors import UserError
-from seq2seq.models import build_model
+from seq2seq.models import build_model, check_matmul_dtype
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.selection import restore_params, selected_checkpoint
@@ -234,12 +234,13 @@ class Translator:
       `search_strategy` turns these search arguments into `self.strategy`.
     ensemble: other runs decoding with `workdir`'s as one model (`seq2seq.decoding.ensemble`), each
       at the checkpoint `checkpoint` names for it; they must share its vocabulary.
+    matmul_dtype: the inputs' dtype of the model's dense products (`models.build_model`).
   """
 
   def __init__(self, workdir: str | Path, checkpoint: str = "best", *, beam_size: int = 4,
                alpha: float = 0.6, nbest: int = 1, batch_size: int | None = None,
                sample_seed: int | None = None, temperature: float = 1.0, top_k: int = 0,
-               ensemble: Sequence[str | Path] = ()):
+               ensemble: Sequence[str | Path] = (), matmul_dtype: str = "float32"):
     workdir = Path(workdir)
     check_is_run(workdir)
     check_search(beam_size, alpha, batch_size, nbest)
@@ -248,10 +249,11 @@ class Translator:
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = workdirs.read_run_config(workdir)
     compiling.check_options(self.config, ("eval_options",))  # Its searches compile with them.
+    check_matmul_dtype(self.config, matmul_dtype)
     self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
                                     temperature=temperature, top_k=top_k)
     self.batch_size = batch_size or self.config.eval.batch_size
-    self.workdir, self.nbest = workdir, nbest
+    self.workdir, self.nbest, self.matmul_dtype = workdir, nbest, matmul_dtype
     self.beam_size, self.alpha = beam_size, alpha
     members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
     if members is not None:
@@ -266,7 +268,8 @@ class Translator:
       checkpoints.close()
     self.tokenizer = Tokenizer.load(_check_vocabulary(workdir))
     # Shapes only: the checkpoint's parameters are the first values (nothing to initialize).
-    model = nnx.eval_shape(lambda: build_model(self.config, self.tokenizer.vocab_size))
+    model = nnx.eval_shape(lambda: build_model(self.config, self.tokenizer.vocab_size,
+                                               matmul_dtype=matmul_dtype))
     self.graphdef, params = nnx.split(model, nnx.Param)
     self.load_checkpoint(checkpoint, params)
     self._search = search_programs(self.graphdef, self.config, self.strategy)
@@ -288,6 +291,7 @@ class Translator:
                         " ensemble runs of one vocabulary, such as runs that differ only in"
                         " config.train.seed.")
       configs.append(workdirs.read_run_config(member))
+      check_matmul_dtype(configs[-1], self.matmul_dtype)
       direction = lambda c: f"{c.data.src_lang}->{c.data.tgt_lang}"  # noqa: E731
       if direction(configs[-1]) != direction(self.config):
         raise UserError(f"--ensemble: {member} translates {direction(configs[-1])} but {workdir}"
@@ -299,8 +303,8 @@ class Translator:
     for (member, spec), config in zip(members, configs, strict=True):
       if spec == "selected":
         spec = selected_checkpoint(member)
-      graphdef, like = nnx.split(
-          nnx.eval_shape(lambda c=config: build_model(c, self.tokenizer.vocab_size)), nnx.Param)
+      graphdef, like = nnx.split(nnx.eval_shape(lambda c=config: build_model(
+          c, self.tokenizer.vocab_size, matmul_dtype=self.matmul_dtype)), nnx.Param)
       steps, params = restore_params(member, spec, config, like)
       self.steps.append({"workdir": str(member), "checkpoint": spec, "steps": steps})
       architecture = json.dumps(config.model.to_dict(), sort_keys=True)

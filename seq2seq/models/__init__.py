@@ -21,6 +21,7 @@ from flax import nnx
 from seq2seq.errors import UserError
 from seq2seq.models.attention import PAPER_NAMES, SCORES, VARIANTS
 from seq2seq.models.interface import Seq2SeqModel
+from seq2seq.models.linear import MATRIX_DOTS, use_matmul_dtype
 from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.models.positions import POSITIONS
 from seq2seq.models.rnn import RNN
@@ -60,19 +61,46 @@ def attends(m: ml_collections.ConfigDict) -> bool:
   return m.attention not in MODEL_CLASSES[m.family].UNATTENDED
 
 
-def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None):
+def build_model(config: ml_collections.ConfigDict, vocab_size: int, *, seed: int | None = None,
+                matmul_dtype: str = "float32"):
   """Builds `config.model.family` with freshly initialized parameters.
 
   Args:
     config: the full run config (validated).
     vocab_size: size of the joint SentencePiece vocabulary.
     seed: parameter seed (default: config.train.seed).
+    matmul_dtype: the dtype of the inputs of its dense products, summed in float32 (decoding's
+      `--matmul_dtype`: `check_matmul_dtype`); the parameters stay as they are.
   """
+  check_matmul_dtype(config, matmul_dtype)
   import_extensions(config.train.get("extensions", ""))  # What they register, the model uses.
   seed = config.train.seed if seed is None else seed
-  return MODEL_CLASSES[config.model.family](config.model, vocab_size,
-                                            rngs=nnx.Rngs(params=seed),
-                                            dtype=jnp.dtype(config.train.dtype))
+  model = MODEL_CLASSES[config.model.family](config.model, vocab_size,
+                                             rngs=nnx.Rngs(params=seed),
+                                             dtype=jnp.dtype(config.train.dtype))
+  if matmul_dtype != "float32":
+    use_matmul_dtype(model, matmul_dtype)
+    model.matmul_dtype = matmul_dtype  # The tied output's product (`Transformer._logits`).
+  return model
+
+
+def check_matmul_dtype(config: ml_collections.ConfigDict, matmul_dtype: str) -> None:
+  """Raises `UserError` unless the run of `config` can decode with `--matmul_dtype`: a name of
+  `linear.MATRIX_DOTS`, which its family takes (`MATMUL_DTYPES`), for a float32 run."""
+  if matmul_dtype not in MATRIX_DOTS:
+    raise UserError(f"--matmul_dtype={matmul_dtype} is not a product dtype; use one of:"
+                    f" {', '.join(MATRIX_DOTS)}.")
+  if matmul_dtype == "float32":
+    return
+  family = config.model.family
+  if matmul_dtype not in MODEL_CLASSES[family].MATMUL_DTYPES:
+    raise UserError(f"--matmul_dtype={matmul_dtype}: the {family}'s recurrent cells multiply"
+                    " outside its dense layers, so it decodes in float32 only; drop"
+                    " --matmul_dtype.")
+  if config.train.dtype != "float32":
+    raise UserError(f"--matmul_dtype={matmul_dtype} rounds a float32 model's products; this run"
+                    f" computes in config.train.dtype={config.train.dtype} throughout already;"
+                    " drop --matmul_dtype.")
 
 
 def _composition_problem(m: ml_collections.ConfigDict) -> str | None:

@@ -44,6 +44,10 @@ class Seq2SeqModel(Protocol):
   # The attention names whose decoder attends to no source word (`cross` weights all zero);
   # read through `seq2seq.models.attends(config.model)`.
   UNATTENDED: ClassVar[tuple[str, ...]]
+  # The dtypes its dense products may take their inputs in when it decodes (`--matmul_dtype`,
+  # `seq2seq.models.build_model`): float32, and bfloat16 where every such product goes
+  # through `linear.Linear` or `linear.matmul`.
+  MATMUL_DTYPES: ClassVar[tuple[str, ...]]
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:

@@ -8,11 +8,16 @@ length), which XLA:CPU lays out with a transposed operand and multiplies well be
 the rate of a plain `[in, N] x [N, out]` product; weight gradients are a large share
 of a train step's matmuls (docs/performance.md, "Where the time goes on a CPU").
 Flattening first makes every weight gradient that plain product.
+
+Decoding may take these products with bfloat16 inputs summed in float32 (`MATRIX_DOTS`,
+`use_matmul_dtype`): XLA:CPU multiplies so with AVX-512 BF16 and AMX several times faster
+than in float32, while a product of bfloat16 out (`config.train.dtype`) is upcast and slower.
 """
 
 import functools
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -32,9 +37,31 @@ def matrix_dot(x: jax.Array, kernel: jax.Array, dimension_numbers, precision=Non
   return flat.reshape(*x.shape[:-1], kernel.shape[-1])
 
 
-def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`x [..., in] @ kernel [in, out]`, as `Linear` multiplies (one 2-D product)."""
-  return matrix_dot(x, kernel, _last_by_first(x.ndim))
+def bfloat16_dot(x: jax.Array, kernel: jax.Array, dimension_numbers, precision=None,
+                 out_sharding=None, preferred_element_type=None, **kwargs) -> jax.Array:
+  """`matrix_dot` of `x` and `kernel` rounded to bfloat16, summed and returned in float32."""
+  del preferred_element_type  # Always float32: the sums of bfloat16 products.
+  return matrix_dot(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dimension_numbers,
+                    precision=precision, out_sharding=out_sharding,
+                    preferred_element_type=jnp.float32, **kwargs)
+
+
+# `--matmul_dtype` name -> the `dot_general` of `Linear` that multiplies in it.
+MATRIX_DOTS = {"float32": matrix_dot, "bfloat16": bfloat16_dot}
+
+
+def matmul(x: jax.Array, kernel: jax.Array, dtype: str = "float32") -> jax.Array:
+  """`x [..., in] @ kernel [in, out]`, as `Linear` multiplies (one 2-D product), with the
+  inputs of `MATRIX_DOTS[dtype]`."""
+  return MATRIX_DOTS[dtype](x, kernel, _last_by_first(x.ndim))
+
+
+def use_matmul_dtype(model: nnx.Module, dtype: str) -> None:
+  """Makes every `Linear` in `model` multiply as `MATRIX_DOTS[dtype]` does, in place (an
+  `nnx.Linear` of another product is left as it is)."""
+  for _, module in nnx.iter_graph(model):
+    if isinstance(module, nnx.Linear) and module.dot_general in MATRIX_DOTS.values():
+      module.dot_general = MATRIX_DOTS[dtype]
 
 
 Linear = functools.partial(nnx.Linear, dot_general=matrix_dot)

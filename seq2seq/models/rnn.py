@@ -106,6 +106,8 @@ class RNN(nnx.Module):
   POSITION_NAMES = ("sinusoidal",)  # The default, ignored: its recurrence orders the words.
   SHARES_KV_HEADS = False  # One attention head: no key/value heads to share.
   NORMALIZED = live(lambda cls: tuple(KERNELS))  # Whose weights a normalizer gives (not `none`).
+  # Its cells multiply outside `Linear` (`recurrence.GateKernels`): float32 products only.
+  MATMUL_DTYPES = ("float32",)
   UNATTENDED = ("none",)  # Whose decoder reads one fixed vector: `cross` weights all 0.
   # Whose alignment weights take attention dropout (`none` has none).
   WEIGHT_DROPOUT = live(lambda cls: tuple(name for name, kernel in KERNELS.items()

@@ -17,7 +17,7 @@ from flax import nnx
 from seq2seq.models import masks
 from seq2seq.models.attention import GATES, VARIANTS, MultiHeadAttention, hyperparameters
 from seq2seq.models.dropout import Dropout
-from seq2seq.models.linear import Linear
+from seq2seq.models.linear import Linear, matmul
 from seq2seq.models.positions import POSITIONS, sinusoidal_positions  # noqa: F401 (re-export)
 from seq2seq.registry import live
 
@@ -201,6 +201,7 @@ class Transformer(nnx.Module):
   # Whose weights take attention dropout: not those that never form them (`linear`).
   WEIGHT_DROPOUT = live(lambda cls: tuple(name for name in cls.ATTENTION_NAMES
                                           if VARIANTS[name].weight_dropout))
+  MATMUL_DTYPES = ("float32", "bfloat16")  # Every dense product goes through `Linear`.
 
   @staticmethod
   def config_problem(cfg: ml_collections.ConfigDict) -> str | None:
@@ -256,6 +257,9 @@ class Transformer(nnx.Module):
     self.tgt_embed = self.src_embed if cfg.share_embeddings else embed()
     self.logits_dense = None if cfg.share_embeddings else Linear(
         cfg.emb_dim, vocab_size, dtype=dtype, rngs=rngs)
+    # The inputs' dtype of the products of `Linear` and the tied output (static): float32
+    # unless `models.build_model` is given another (`linear.use_matmul_dtype`).
+    self.matmul_dtype = "float32"
     self.dropout = Dropout(cfg.dropout_rate)
     self.encoder_layers = nnx.List([EncoderLayer(cfg, rngs, dtype, i)
                                     for i in range(cfg.num_encoder_layers)])
@@ -286,6 +290,8 @@ class Transformer(nnx.Module):
   def _logits(self, y):
     if self.decoder_norm is not None:
       y = self.decoder_norm(y)
+    if self.logits_dense is None and self.matmul_dtype != "float32":
+      return matmul(y, self.tgt_embed.embedding[...].T, self.matmul_dtype)
     if self.logits_dense is None:
       return self.tgt_embed.attend(y).astype(jnp.float32)
     return self.logits_dense(y).astype(jnp.float32)
