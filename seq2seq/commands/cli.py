@@ -243,6 +243,19 @@ def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
   }
 
 
+# `seq2seq.models.linear.MATRIX_DOTS`'s names, without importing the models to define a flag.
+MATMUL_DTYPES = ("float32", "bfloat16")
+
+
+def define_matmul_flag() -> flags.FlagHolder:
+  """--matmul_dtype, as every command that decodes with a run's search takes it."""
+  return flags.DEFINE_enum(
+      "matmul_dtype", "float32", list(MATMUL_DTYPES), "The inputs' dtype of the model's dense"
+      " products (every projection and the output layer), summed in float32; bfloat16 decodes"
+      " faster where the CPU has AVX-512 BF16 or AMX (the parameters stay float32, so does all"
+      " else). A Transformer trained in float32 only.")
+
+
 def define_alignment_flags() -> dict:
   """--gold_alignment and its two options, as seq2seq-evaluate and seq2seq-compare take them."""
   return {

@@ -2,7 +2,7 @@ r"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=test \
       [--checkpoint=best|latest|STEP|avg:N|selected] [--beam_size=4 --alpha=0.6] \
-      [--plot_attention=K]
+      [--plot_attention=K] [--matmul_dtype=bfloat16]
   seq2seq-evaluate --workdir=runs/m30k_transformer --split=val --checkpoint=best,avg:5
   seq2seq-evaluate --workdir=DIR --src_file=test.en --ref_file=test.de
   seq2seq-evaluate --workdir=runs/a --ensemble=runs/b,runs/c --checkpoint=selected
@@ -10,6 +10,7 @@ r"""Scores a run's checkpoint on a split (or any test set) with sacreBLEU.
 
 Writes <workdir>/eval/<split>.<checkpoint>.beam<k>.hyp (detokenized, one line
 per sentence) and .json (BLEU, case-insensitive BLEU, chrF, TER, signatures);
+--matmul_dtype=bfloat16 writes <...>.beam<k>.matmul-bfloat16.*, beside float32's;
 with --plot_attention=K, also .attention<i>.png heatmaps of the first K sentences.
 A released model (seq2seq-export --format=seq2seq, as models/ holds) stays as released:
 its scores go beside it, to runs/released/<its path>/eval/ under the working directory
@@ -46,6 +47,7 @@ _OUT = flags.DEFINE_string("out", "", "Directory for the .hyp, .json and picture
                            " <workdir>/eval; a released model's: runs/released/<its path>/eval"
                            " under the working directory, not the model's own folder).")
 _ALIGNMENT = cli.define_alignment_flags()
+_MATMUL = cli.define_matmul_flag()
 _GOLD = _ALIGNMENT["gold_alignment"]
 
 
@@ -61,6 +63,9 @@ def main(argv):
     if len(candidates) > 1 and _GOLD.value:
       raise UserError("--gold_alignment scores one checkpoint; choose it on validation first,"
                       " then score it with --checkpoint=selected.")
+    if len(candidates) > 1 and _MATMUL.value != "float32":
+      raise UserError(f"--matmul_dtype={_MATMUL.value} scores one choice; choose the checkpoint"
+                      " on validation in float32 first, then score it with --checkpoint=selected.")
     if len(candidates) > 1:
       result = select_checkpoint(_RUN["workdir"].value, candidates, split=_SPLIT.value,
                                  beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
@@ -75,7 +80,8 @@ def main(argv):
         src_file=_SRC.value, ref_file=_REF.value, plot_attention=_PLOT.value,
         ensemble=_RUN["ensemble"].value, gold_alignment=_GOLD.value,
         alignment_layer=_ALIGNMENT["alignment_layer"].value,
-        gold_one_based=_ALIGNMENT["gold_one_based"].value, out=_OUT.value)
+        gold_one_based=_ALIGNMENT["gold_one_based"].value, out=_OUT.value,
+        matmul_dtype=_MATMUL.value)
     print(json.dumps(result, indent=2))
     print(f"wrote {prefix}.hyp and {prefix}.json")
 

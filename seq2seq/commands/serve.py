@@ -22,6 +22,7 @@ import socket
 
 from absl import flags
 
+from seq2seq.commands import cli
 from seq2seq.commands.cli import run_main
 from seq2seq.errors import UserError, require_extra
 from seq2seq.serve import EXTRA as SERVE_EXTRA
@@ -42,6 +43,7 @@ _MAX_CHARS = flags.DEFINE_integer("max_chars", 1000, "Characters per sentence, a
 _MAX_SUBWORDS = flags.DEFINE_integer("max_subwords", None, "Subwords per sentence, at most"
                                      " (default: config.data.max_len less EOS); the server"
                                      " compiles for sentences this long.")
+_MATMUL = cli.define_matmul_flag()
 
 log = logging.getLogger("seq2seq")
 
@@ -120,7 +122,7 @@ def main(argv):
     log.info("Loading %d run%s: %s ...", len(_WORKDIR.value),
              "s" if len(_WORKDIR.value) > 1 else "", ", ".join(_WORKDIR.value))
     runs = load_runs(_WORKDIR.value, _CHECKPOINT.value, beams, _ALPHA.value, _BATCH.value,
-                     _MAX_SUBWORDS.value)
+                     _MAX_SUBWORDS.value, _MATMUL.value)
     compile_runs(runs)  # Says how many programs each run compiles, before it does.
     engine = Engine(runs, Limits(_MAX_LINES.value, _MAX_CHARS.value)).start()
     host = f"[{_HOST.value}]" if ":" in _HOST.value else _HOST.value

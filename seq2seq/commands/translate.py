@@ -23,6 +23,7 @@ import sys
 
 from absl import flags
 
+from seq2seq.commands import cli
 from seq2seq.commands.cli import define_run_flags, run_main
 from seq2seq.data.textio import as_lines, check_output, read_lines, write_lines
 from seq2seq.decoding import alignment
@@ -40,6 +41,7 @@ _INPUT = flags.DEFINE_string("input", "-", "Input file ('-': standard input).")
 _OUTPUT = flags.DEFINE_string("output", "-", "Output file ('-': standard output).")
 _ALIGNMENT = flags.DEFINE_bool("alignment", False, "Add each translation's source-target word"
                                " links (Pharaoh i-j) after a tab.")
+_MATMUL = cli.define_matmul_flag()
 _LAYER = flags.DEFINE_integer("alignment_layer", -2, "The cross-attention layer (heads averaged)"
                               " that --alignment reads; -2: the penultimate (1 layer: that one).")
 
@@ -111,7 +113,7 @@ def main(argv):
                             nbest=_NBEST.value,
                             sample_seed=_SEED.value if _SAMPLE.value else None,
                             temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-                            ensemble=_RUN["ensemble"].value)
+                            ensemble=_RUN["ensemble"].value, matmul_dtype=_MATMUL.value)
     if _ALIGNMENT.value:
       alignment.alignment_layer(translator, _LAYER.value)  # A wrong layer fails at once.
     if interactive:

@@ -101,7 +101,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
                    src_file: str = "", ref_file: str = "",
                    plot_attention: int = 0, ensemble: Sequence[str] = (),
                    gold_alignment: str = "", alignment_layer: int = -2,
-                   gold_one_based: bool = False, out: str | Path = "") -> tuple[dict, Path]:
+                   gold_one_based: bool = False, out: str | Path = "",
+                   matmul_dtype: str = "float32") -> tuple[dict, Path]:
   """Evaluates a run on a split of its corpus, or on `src_file` against `ref_file`.
 
   With `gold_alignment` (a file), also the alignment error rate of the attention of layer
@@ -114,6 +115,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   With `src_file`, the scores record `ref_file` (`ref_file`, `ref_sha256`), and scores of the
   same source against another reference are written apart (`_apart`), not over these.
   They go to `out`, or to `<workdir>/eval`, or a released model's place beside it (`eval_dir`).
+  With `matmul_dtype` other than float32 (`Translator`), the files' names say it (`_prefix`).
 
   Returns:
     The scores and the path prefix of the written `.hyp` / `.json` files.
@@ -123,7 +125,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   if src_file:  # Checked before the model loads: a wrong path fails at once.
     sources, references = _read_pairs(src_file, ref_file)
   translator = Translator(workdir, checkpoint, beam_size=beam_size, alpha=alpha,
-                          batch_size=batch_size, ensemble=ensemble)
+                          batch_size=batch_size, ensemble=ensemble, matmul_dtype=matmul_dtype)
   if plot_attention:  # Before decoding: the pictures would come last, and blank.
     check_attends(translator, _WITHOUT_PICTURES)
   reference = {}
@@ -134,7 +136,8 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   else:
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
-  prefix = _prefix(eval_dir(workdir, out), name, checkpoint, ensemble, beam_size, reference)
+  prefix = _prefix(eval_dir(workdir, out), name, checkpoint, ensemble,
+                   f"beam{beam_size}" + _matmul_tag(matmul_dtype), reference)
   aer = (alignment_scores(translator, sources, references,
                           read_gold(gold_alignment, sources, references, gold_one_based),
                           layer=alignment_layer)
@@ -145,14 +148,21 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
   return result, prefix
 
 
+def _matmul_tag(matmul_dtype: str) -> str:
+  """What the files of a decode with `--matmul_dtype` add after `beam<k>`: nothing for float32,
+  else `.matmul-<dtype>` (`test.selected.beam4.matmul-bfloat16.json`), beside float32's."""
+  return "" if matmul_dtype == "float32" else f".matmul-{matmul_dtype}"
+
+
 def _prefix(directory: Path, name: str, checkpoint: str, ensemble: Sequence[str],
-            beam_size: int, reference: dict) -> Path:
-  """The path prefix of the evaluation's files in `directory`: `<name>.<checkpoint>.beam<k>`,
-  the checkpoint tagged with the `ensemble`'s members, and set apart from another reference's
-  scores of the same source (`_apart`) where `reference` names one."""
+            search: str, reference: dict) -> Path:
+  """The path prefix of the evaluation's files in `directory`: `<name>.<checkpoint>.<search>`
+  (`beam<k>`, and its `_matmul_tag`), the checkpoint tagged with the `ensemble`'s members, and
+  set apart from another reference's scores of the same source (`_apart`) where `reference`
+  names one."""
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
                                        if ensemble else "")
-  prefix = directory / f"{name}.{tag}.beam{beam_size}"
+  prefix = directory / f"{name}.{tag}.{search}"
   return _apart(prefix, reference) if reference else prefix
 
 

@@ -59,7 +59,9 @@ def evaluate_split(translator, sources: Sequence[str], references: Sequence[str]
       **({"selected_checkpoint": translator.checkpoint}
          if checkpoint and checkpoint != translator.checkpoint else {}),
       "checkpoint_steps": translator.steps, "beam_size": translator.beam_size,
-      "alpha": translator.alpha, "decode_seconds": seconds,
+      "alpha": translator.alpha,
+      # The inputs' dtype of its dense products (`--matmul_dtype`); a stand-in has none.
+      "matmul_dtype": getattr(translator, "matmul_dtype", "float32"), "decode_seconds": seconds,
       "sentences_per_second": len(sources) / seconds,
   }
   out_prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -23,13 +23,15 @@ log = logging.getLogger("seq2seq")
 class ServedRun:
   """One run, loaded once: a search per served beam (with one hypothesis, and with the beam's
   n-best), and its attention, each compiled for sources up to `max_subwords` subwords (by
-  default as long as the run's training pairs, config.data.max_len)."""
+  default as long as the run's training pairs, config.data.max_len); `matmul_dtype`: the
+  inputs' dtype of its dense products (`Translator`)."""
 
   def __init__(self, name: str, workdir: Path, checkpoint: str, beams: Sequence[int],
-               alpha: float, batch_size: int, max_subwords: int | None = None):
+               alpha: float, batch_size: int, max_subwords: int | None = None,
+               matmul_dtype: str = "float32"):
     self.name, self.beams, self.alpha = name, tuple(beams), alpha
     first = Translator(workdir, checkpoint, beam_size=beams[0], alpha=alpha,
-                       batch_size=batch_size)
+                       batch_size=batch_size, matmul_dtype=matmul_dtype)
     self.config = first.config
     # A released model (seq2seq-export --format=seq2seq) says what its parameters are: the
     # steps and checkpoint spec of its run (named by its folder alone, not its path).
@@ -158,10 +160,13 @@ def check_workdirs(workdirs: Sequence[str]) -> None:
 
 
 def load_runs(workdirs: Sequence[str], checkpoint: str, beams: Sequence[int], alpha: float,
-              batch_size: int, max_subwords: int | None = None) -> list[ServedRun]:
-  """The runs of `--workdir`, each named by its folder (made distinct where two share one)."""
+              batch_size: int, max_subwords: int | None = None,
+              matmul_dtype: str = "float32") -> list[ServedRun]:
+  """The runs of `--workdir`, each named by its folder (made distinct where two share one),
+  each decoding with `matmul_dtype` products (`ServedRun`)."""
   from seq2seq.compare.comparison import run_names  # The names the comparison tables use.
 
   check_workdirs(workdirs)
-  return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords)
+  return [ServedRun(name, Path(w), checkpoint, beams, alpha, batch_size, max_subwords,
+                    matmul_dtype)
           for name, w in zip(run_names(workdirs), workdirs, strict=True)]
