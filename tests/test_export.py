@@ -378,7 +378,7 @@ def test_the_benchmark_ends_every_worker_when_one_fails(run, monkeypatch, tmp_pa
 
   def one_broken(*args, **kwargs):
     found = setups(*args, **kwargs)
-    del found["ours"]  # (Quicker: no worker here imports JAX.)
+    del found["ours"], found[engines.OURS_BFLOAT16]  # (Quicker: no worker here imports JAX.)
     found["ctranslate2_int8"]["model"] = str(tmp_path / "missing")
     return found
 
@@ -388,7 +388,7 @@ def test_the_benchmark_ends_every_worker_when_one_fails(run, monkeypatch, tmp_pa
   assert child_processes() <= before
 
 
-@pytest.mark.slow  # Four engines in processes of their own at two batch sizes, ours compiling:
+@pytest.mark.slow  # Five engines in processes of their own at two batch sizes, ours compiling:
 def test_the_benchmark_times_ours_against_ctranslate2(run):  # ~40 s.
   before = child_processes()
   results = engines.ctranslate2_benchmark(run, "latest", sentences=4, rounds=1)
@@ -397,9 +397,12 @@ def test_the_benchmark_times_ours_against_ctranslate2(run):  # ~40 s.
     assert result["sentences"] == 4 and result["intra_threads"] == 2
     assert result["separate_processes"] is True
     assert all(result[f"{name}_sentences_per_s"] > 0
-               for name in ("ours", "ctranslate2_float32", "ctranslate2_int8", engines.NATIVE))
+               for name in ("ours", engines.OURS_BFLOAT16, "ctranslate2_float32",
+                            "ctranslate2_int8", engines.NATIVE))
     assert result["float32_speedup"] > 0 and result["float32_native_speedup"] > 0
-    assert 0 <= result["equal_lines"] <= 1 and 0 <= result["native_equal_lines"] <= 1
+    assert result["ours_bfloat16_speedup"] > 0
+    assert all(0 <= result[f"{name}_equal_lines"] <= 1
+               for name in ("", "native_", "ours_bfloat16_", "int8_"))
     assert result["native_max_decoding_length"] > 0
     assert result["compiled_while_timed"] == 0 and result["idle_workers_cpu_s"] >= 0
   assert child_processes() <= before

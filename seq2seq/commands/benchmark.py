@@ -54,7 +54,9 @@ batch 1 and at the run's config.eval.batch_size, on its first --sentences test s
 --rounds interleaved rounds (seq2seq/performance/engines.py); the speedups are CTranslate2's.
 Each engine runs in a process of its own, the others idle while it is timed; one more,
 ctranslate2_float32_native, runs CTranslate2 as its users do (one call, its own batching by
-length, one decoding cap).
+length, one decoding cap), and ours_bfloat16 runs ours with --matmul_dtype=bfloat16 products;
+ours_bfloat16_equal_lines and int8_equal_lines are the shares of its and CTranslate2 int8's
+lines that are ours in float32.
 """
 
 import functools

@@ -4,7 +4,8 @@ starts one per engine), so that no other engine's threads share the CPU while it
   python -m seq2seq.performance.engine_worker SETUP_JSON  (`engines.Worker` starts it so)
 
 SETUP_JSON names the engine and how to load it: `{"engine": "ours", "workdir", "checkpoint",
-"beam", "batches", "compilation_cache"}` (our `Translator`, alpha 0, one per batch size) or
+"beam", "batches", "compilation_cache"[, "matmul_dtype"]}` (our `Translator`, alpha 0, one per
+batch size; float32 products unless `matmul_dtype` says otherwise) or
 `{"engine": "ctranslate2", "model", "compute_type", "intra_threads", "beam", "by_cap"}`
 (`deployed.CTranslate2Translator`; `by_cap` false: CTranslate2's own batching under one cap).
 The worker loads it, then says `{"ready": ...}` on stdout. Each line on stdin is then a
@@ -53,7 +54,8 @@ class Ours:
 
     self.compiling = compiling
     self.translators = {batch: Translator(setup["workdir"], setup["checkpoint"],
-                                          beam_size=setup["beam"], alpha=0.0, batch_size=batch)
+                                          beam_size=setup["beam"], alpha=0.0, batch_size=batch,
+                                          matmul_dtype=setup.get("matmul_dtype", "float32"))
                         for batch in setup["batches"]}
 
   def translate(self, texts: list[str], batch: int) -> dict:

@@ -1,5 +1,6 @@
 """Our translation against CTranslate2's (`seq2seq-benchmark --mode=ctranslate2 --workdir=RUN`):
-sentences/s of `Translator`'s beam search and of the run exported to CTranslate2
+sentences/s of `Translator`'s beam search (in float32, and with bfloat16 products:
+`--matmul_dtype=bfloat16`, `OURS_BFLOAT16`) and of the run exported to CTranslate2
 (`decoding.deploy`) in float32 and int8 (its weights quantized as it loads them), on the
 run's test sentences, at one sentence per batch and at the run's config.eval.batch_size.
 CTranslate2 runs as `Translator` decodes (sentences of one decoding cap together) and, in
@@ -15,7 +16,8 @@ busy machine slows each alike; every engine translates once before the timed rou
 compiles then, and waits for every compilation to end), and the median round counts. All rank
 by log-probability (alpha 0, CTranslate2's length penalty 0), so they search alike;
 `equal_lines` is the share of CTranslate2's translations (float32, by cap) that are ours,
-`native_equal_lines` the native engine's.
+`native_equal_lines` the native engine's; `ours_bfloat16_equal_lines` and `int8_equal_lines`
+are the shares of the lower-precision engines' lines that are ours in float32.
 """
 
 import contextlib
@@ -37,6 +39,7 @@ from seq2seq.runs import workdirs
 
 COMPUTE_TYPES = ("float32", "int8")
 NATIVE = "ctranslate2_float32_native"  # CTranslate2 float32 as its users run it.
+OURS_BFLOAT16 = "ours_bfloat16"  # Ours with bfloat16 products (`Translator`'s matmul_dtype).
 # A worker's start, without the working directory first on sys.path (a profile.py there would
 # shadow the standard library's; Python 3.11's -P, in 3.10).
 _START = ("import sys; del sys.path[0]; from seq2seq.performance import engine_worker;"
@@ -123,11 +126,12 @@ class Worker:
 def worker_setups(workdir: str | Path, checkpoint: str, exported: Path, *, beam: int,
                   batches: list[int], threads: int) -> dict[str, dict]:
   """Each engine's `engine_worker` setup, by name, in the order of a round: ours (with this
-  process's compilation cache), CTranslate2 at each compute type by decoding cap, and
-  CTranslate2 float32 as its users run it (`NATIVE`)."""
-  setups = {"ours": {"engine": "ours", "workdir": str(workdir), "checkpoint": checkpoint,
-                     "beam": beam, "batches": batches,
-                     "compilation_cache": jax.config.jax_compilation_cache_dir}}
+  process's compilation cache) in float32 and with bfloat16 products (`OURS_BFLOAT16`),
+  CTranslate2 at each compute type by decoding cap, and CTranslate2 float32 as its users run
+  it (`NATIVE`)."""
+  ours = {"engine": "ours", "workdir": str(workdir), "checkpoint": checkpoint, "beam": beam,
+          "batches": batches, "compilation_cache": jax.config.jax_compilation_cache_dir}
+  setups = {"ours": ours, OURS_BFLOAT16: {**ours, "matmul_dtype": "bfloat16"}}
   theirs = {"engine": "ctranslate2", "model": str(exported), "intra_threads": threads,
             "beam": beam}
   for compute_type in COMPUTE_TYPES:
@@ -159,6 +163,9 @@ def _rounds(workers: dict[str, Worker], texts: list[str], batch: int, rounds: in
         per_second[name] / per_second["ours"], 2)
   ours = warm["ours"]["translations"]
   result["equal_lines"] = _share_equal(ours, warm["ctranslate2_float32"]["translations"])
+  for name, short in ((OURS_BFLOAT16, OURS_BFLOAT16), ("ctranslate2_int8", "int8")):
+    if name in warm:  # The share of its lines that are ours in float32.
+      result[f"{short}_equal_lines"] = _share_equal(ours, warm[name]["translations"])
   if NATIVE in warm:
     result["native_equal_lines"] = _share_equal(ours, warm[NATIVE]["translations"])
     result["native_max_decoding_length"] = warm[NATIVE]["max_decoding_length"]
