@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,7 @@ def start_up(runs, names):
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-      compile_runs(served)
+      compile_runs(served).join()  # The thread that says when they are ready.
     finally:
       logger.removeHandler(handler)
       logger.setLevel(level)
@@ -99,20 +100,47 @@ def engine(start_up):
 
 
 def test_start_up_says_how_many_programs_each_run_compiles(start_up, names):
-  """seq2seq-serve's start-up line 'Compiling N programs for RUN (run i of n; ...)', logged
-  before each run's (possibly long) compilation: N is how many programs JAX compiles, or
-  reads from the persistent cache, before the run's next line (counted by JAX's compilation
-  events, not from the grid that N is computed from)."""
+  """seq2seq-serve's start-up line 'Compiling N programs for RUN in the background (run i of
+  n; ...)', logged before each run's (possibly long) compilation, then one line per run once
+  they are ready: the N add up to how many programs JAX compiles, or reads from the persistent
+  cache (counted by JAX's compilation events, not from the grid that N is computed from)."""
   lines = start_up[1]
   assert len(lines) == 2 * len(names), lines
-  for i, name in enumerate(names):
-    (said, before), (done, after) = lines[2 * i], lines[2 * i + 1]
-    found = re.fullmatch(rf"Compiling (\d+) programs for {re.escape(name)} \(run {i + 1} of"
-                         rf" {len(names)}; a second start reads them from the cache\) \.\.\.",
-                         said)
-    assert found, said
-    assert int(found[1]) == after - before > 0, (said, after - before)
-    assert done.startswith(f"{name}: {found[1]} programs compiled")
+  said, done = lines[:len(names)], lines[len(names):]
+  counts = []
+  for i, (name, (line, _)) in enumerate(zip(names, said, strict=True)):
+    found = re.fullmatch(rf"Compiling (\d+) programs for {re.escape(name)} in the background"
+                         rf" \(run {i + 1} of {len(names)}; a second start reads them from the"
+                         r" cache\) \.\.\.", line)
+    assert found, line
+    counts.append(int(found[1]))
+    assert done[i][0].startswith(f"{name}: {found[1]} programs compiled"), done[i]
+  assert said[0][1] == 0 and done[-1][1] == sum(counts) > 0, lines
+
+
+def test_the_first_request_is_answered_before_the_pool_begins_the_start_ups_programs(runs):
+  """seq2seq-serve listens at once: with every compiling thread held by other work, the
+  start-up's programs wait in the pool's queue, and a request compiles its own and is
+  answered, as the translator answers it."""
+  served = ServedRun("held", runs[0], "latest", [1], 0.6, BATCH, MAX_SUBWORDS)
+  threads = served.config.compile.threads or compiling.default_threads()
+  release = threading.Event()
+  holders = [compiling._pool(threads).submit(release.wait, 300) for _ in range(threads)]
+  try:
+    ready = compile_runs([served])  # Returns at once.
+    engine = Engine([served], Limits(max_lines=50, max_chars=200)).start()
+    try:
+      with TestClient(create_app(engine)) as client:
+        answer = client.post("/translate", json={"text": SENTENCES[:3], "run": "held"})
+      assert not any(holder.done() for holder in holders) and ready.is_alive()
+    finally:
+      engine.close()
+  finally:
+    release.set()
+  ready.join()
+  assert answer.status_code == 200, answer.text
+  expected = Translator(runs[0], "latest", beam_size=1, batch_size=BATCH).translate(SENTENCES[:3])
+  assert answer.json()["translations"] == [nbest[0][0] for nbest in expected]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ http://127.0.0.1:8000/ is then the attention explorer, /docs the API's OpenAPI p
       -d '{"text": ["A dog runs on the beach."]}'
 
 answers {"run": ..., "translations": [...], "scores": [...]}. Each run is loaded once and
-named by its folder; every program it answers with compiles at start-up (or comes from the
-compilation cache), never per request. It translates sentences up to --max_subwords
+named by its folder; every program it answers with starts compiling at start-up (or comes
+from the compilation cache), in the background: the server answers at once, a request waiting
+only for the programs it needs, and none compiles per request. It translates sentences up to --max_subwords
 subwords (by default as long as the run's training pairs: config.data.max_len with EOS), at
 the beams --beams lists (the first by default). Requests that arrive together are
 translated together, in batches of --batch_size. A released model (models/) serves as its
@@ -123,7 +124,7 @@ def main(argv):
              "s" if len(_WORKDIR.value) > 1 else "", ", ".join(_WORKDIR.value))
     runs = load_runs(_WORKDIR.value, _CHECKPOINT.value, beams, _ALPHA.value, _BATCH.value,
                      _MAX_SUBWORDS.value, _MATMUL.value)
-    compile_runs(runs)  # Says how many programs each run compiles, before it does.
+    compile_runs(runs)  # In the background: the server listens at once.
     engine = Engine(runs, Limits(_MAX_LINES.value, _MAX_CHARS.value)).start()
     host = f"[{_HOST.value}]" if ":" in _HOST.value else _HOST.value
     ready = (f"Serving {', '.join(r.name for r in runs)} at http://{host}:{_PORT.value}/ (the"

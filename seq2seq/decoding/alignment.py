@@ -175,14 +175,21 @@ class Alignments:
     e, c = self.translator.config.eval, self.translator.config
     return search.max_decode_len(n, e.max_decode_len_a, e.max_decode_len_b, c.model.max_len)
 
-  def compile_ahead(self) -> int:
-    """Compiles every program; returns their count."""
+  def compile_ahead(self, *, background: bool = False) -> int:
+    """Compiles every program (with `background`, on the pool, returning at once); returns
+    their count."""
     params = compiling.shapes(self.translator.params)
     for n in self.lengths:
       target = jax.ShapeDtypeStruct((1, self._target_length(n)), np.int32)
-      self._programs.add(params, jax.ShapeDtypeStruct((1, n), np.int32), target, target)
-    self._programs.wait()
+      self._programs.add(params, jax.ShapeDtypeStruct((1, n), np.int32), target, target,
+                         background=background)
+    if not background:
+      self._programs.wait()
     return len(self._programs)
+
+  def compiled(self) -> list[compiling.Compiled]:
+    """Waits for every program added so far; what each took."""
+    return self._programs.wait()
 
   def _length_for(self, src_len: int, out_len: int) -> int | None:
     """The grid length whose program holds a source of `src_len` and an output of `out_len`

@@ -388,11 +388,18 @@ class Translator:
     other._search = search_programs(self.graphdef, self.config, other.strategy)
     return other
 
-  def compile_ahead(self, longest: int) -> int:
+  def compile_ahead(self, longest: int, *, background: bool = False) -> int:
     """Compiles the search for every batch of sources up to `longest` subwords (EOS included)
-    at once, so that no translation of such sources compiles; returns the programs' count."""
+    at once, so that no translation of such sources compiles; returns the programs' count.
+    With `background`, returns at once: the pool compiles them, shortest sources first, and a
+    translation waits only for its own (`compiling.Programs`)."""
     params, arguments = compiling.shapes(self.params), search_arguments(self.strategy)
     for src in grid_sources(self.config, self.batch_size, longest):
-      self._search.add(params, src, *compiling.shapes(arguments))
-    self._search.wait()
+      self._search.add(params, src, *compiling.shapes(arguments), background=background)
+    if not background:
+      self._search.wait()
     return len(self._search)
+
+  def compiled(self) -> list[compiling.Compiled]:
+    """Waits for every search program added so far; what each took."""
+    return self._search.wait()

@@ -1,4 +1,4 @@
-"""Serving runs over HTTP: the runs loaded once, their programs compiled at start-up (`runs`),
+"""Serving runs over HTTP: the runs loaded once, their programs compiled from start-up on (`runs`),
 and one worker that translates the requests waiting together (`engine`); the FastAPI routes, the
 OpenAPI page and the attention explorer's page (`app`, `static/`, every file local).
 

@@ -1,6 +1,6 @@
 """What the server computes, apart from HTTP: one worker that translates the requests waiting
 together as one list, so that they share batches, with the runs it serves (`runs`), each
-loaded once with its searches and attention compiled at start-up.
+loaded once with its searches and attention compiled from start-up on, in the background.
 
 A request is checked whole before it waits (`BadRequest`: a status and one line); the worker
 then groups the waiting requests by run and search, translates each group's sentences with

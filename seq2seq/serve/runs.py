@@ -1,8 +1,9 @@
 """The runs a server serves (`seq2seq-serve --workdir`): checked, loaded once, each with its
-searches and attention compiled ahead for every source length it answers."""
+searches and attention compiled ahead, in the background, for every source length it answers."""
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,10 +63,18 @@ class ServedRun:
     grid length up to the longest sentence served."""
     return len(self.alignments.lengths) * (len(self.searches) + 1)
 
-  def compile_ahead(self) -> int:
-    """Compiles every program the run will answer with; returns their count."""
-    return (sum(t.compile_ahead(self.longest) for t in self.searches.values())
-            + self.alignments.compile_ahead())
+  def compile_ahead(self, *, background: bool = False) -> int:
+    """Compiles every program the run will answer with (with `background`, on the pool,
+    returning at once: the first beam's search first, shortest sources first); returns their
+    count."""
+    return (sum(t.compile_ahead(self.longest, background=background)
+                for t in self.searches.values())
+            + self.alignments.compile_ahead(background=background))
+
+  def compiled(self) -> int:
+    """Waits for every program `compile_ahead` added; returns their count."""
+    return (sum(len(t.compiled()) for t in self.searches.values())
+            + len(self.alignments.compiled()))
 
   def info(self) -> dict:
     """What the page and `GET /runs` show of the run."""
@@ -132,16 +141,26 @@ def attention_described(model) -> str:
   return ", ".join(parts)
 
 
-def compile_runs(runs: Sequence[ServedRun]) -> None:
-  """Compiles every program of each run (`ServedRun.compile_ahead`), saying first how many
-  (the start-up line: a first start can take minutes), then how long they took."""
+def compile_runs(runs: Sequence[ServedRun]) -> threading.Thread:
+  """Starts compiling every program of each run in the background (`ServedRun.compile_ahead`),
+  saying first how many (a first start can take minutes), and returns the thread that says,
+  run by run, once they are ready. Meanwhile the server answers: a request waits only for the
+  programs it needs, and one the pool has not begun compiles at once (`compiling.Programs`)."""
+  start = time.perf_counter()
   for i, run in enumerate(runs, start=1):
-    start = time.perf_counter()
-    log.info("Compiling %d programs for %s (run %d of %d; a second start reads them from the"
-             " cache) ...", run.programs(), run.name, i, len(runs))
-    count = run.compile_ahead()
-    log.info("%s: %d programs compiled (or read from the cache) in %.1f s.", run.name, count,
-             time.perf_counter() - start)
+    log.info("Compiling %d programs for %s in the background (run %d of %d; a second start"
+             " reads them from the cache) ...", run.programs(), run.name, i, len(runs))
+    run.compile_ahead(background=True)
+
+  def say_when_ready():
+    for run in runs:
+      count = run.compiled()
+      log.info("%s: %d programs compiled (or read from the cache), all ready %.1f s after the"
+               " first began.", run.name, count, time.perf_counter() - start)
+
+  thread = threading.Thread(target=say_when_ready, name="compiled", daemon=True)
+  thread.start()
+  return thread
 
 
 def check_workdirs(workdirs: Sequence[str]) -> None:
