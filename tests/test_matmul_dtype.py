@@ -14,7 +14,7 @@ from seq2seq.commands import cli
 from seq2seq.errors import UserError
 from seq2seq.evaluation.evaluate import run_evaluation
 from seq2seq.models import build_model, check_matmul_dtype
-from seq2seq.models.linear import MATRIX_DOTS, bfloat16_dot, matmul, matrix_dot
+from seq2seq.models.linear import MATRIX_DOTS, bfloat16_dot, cast_kernels, matmul, matrix_dot
 
 
 def test_the_bfloat16_product_is_bfloat16_inputs_summed_in_float32():
@@ -59,6 +59,18 @@ def test_every_dense_layer_and_the_output_take_bfloat16_inputs(tiny_config, tied
   assert bf16_logits.dtype == jnp.float32
   np.testing.assert_allclose(bf16_logits, f32_logits, rtol=0.05, atol=0.05)
   assert not np.array_equal(bf16_logits, f32_logits)
+
+
+def test_the_kernels_of_bfloat16_products_are_cast_once_and_nothing_else(tiny_config):
+  graphdef, params = nnx.split(build_model(tiny_config, 40, matmul_dtype="bfloat16"), nnx.Param)
+  assert cast_kernels(graphdef, params, "float32") is params  # float32: as they are.
+  cast = cast_kernels(graphdef, params, "bfloat16")
+  dtypes = {jax.tree_util.keystr(path): x.dtype for path, x in jax.tree.leaves_with_path(cast)}
+  kernels = {path for path in dtypes if "'kernel'" in path}
+  assert kernels and {dtypes[p] for p in kernels} == {jnp.dtype(jnp.bfloat16)}
+  others = {dtype for path, dtype in dtypes.items() if path not in kernels}
+  assert others == {jnp.dtype(jnp.float32)}
+  assert any("embed" in path for path in dtypes)  # The tied table stays float32 (its lookups).
 
 
 def test_a_run_decoded_with_bfloat16_products_writes_files_of_its_own(run, tmp_path):

@@ -23,7 +23,7 @@ from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
 from seq2seq.decoding import search
 from seq2seq.decoding.ensemble import Ensemble, stack
 from seq2seq.errors import UserError
-from seq2seq.models import build_model, check_matmul_dtype
+from seq2seq.models import build_model, cast_kernels, check_matmul_dtype
 from seq2seq.runs import workdirs
 from seq2seq.runs.checkpoints import Checkpoints
 from seq2seq.runs.selection import restore_params, selected_checkpoint
@@ -249,7 +249,6 @@ class Translator:
                       f" (got {nbest}, {temperature}, {top_k}).")
     self.config = workdirs.read_run_config(workdir)
     compiling.check_options(self.config, ("eval_options",))  # Its searches compile with them.
-    check_matmul_dtype(self.config, matmul_dtype)
     self.strategy = search_strategy(beam_size, alpha, nbest, sample_seed=sample_seed,
                                     temperature=temperature, top_k=top_k)
     self.batch_size = batch_size or self.config.eval.batch_size
@@ -270,8 +269,8 @@ class Translator:
     # Shapes only: the checkpoint's parameters are the first values (nothing to initialize).
     model = nnx.eval_shape(lambda: build_model(self.config, self.tokenizer.vocab_size,
                                                matmul_dtype=matmul_dtype))
-    self.graphdef, params = nnx.split(model, nnx.Param)
-    self.load_checkpoint(checkpoint, params)
+    self.graphdef, self._params_like = nnx.split(model, nnx.Param)
+    self.load_checkpoint(checkpoint)
     self._search = search_programs(self.graphdef, self.config, self.strategy)
 
   def _init_ensemble(self, checkpoint: str, members: list[tuple[Path, str]]) -> None:
@@ -310,13 +309,14 @@ class Translator:
       architecture = json.dumps(config.model.to_dict(), sort_keys=True)
       groups.setdefault(architecture, (graphdef, []))[1].append(params)
     self.graphdef = tuple(graphdef for graphdef, _ in groups.values())
-    self.params = tuple(stack(params) for _, params in groups.values())
+    self.params = tuple(cast_kernels(g, stack(p), self.matmul_dtype) for g, p in groups.values())
     self._search = search_programs(self.graphdef, self.config, self.strategy)
 
   def load_checkpoint(self, checkpoint: str, params_like=None) -> None:
-    """Swaps in the parameters of `checkpoint` (the compiled search is kept)."""
-    self.steps, self.params = restore_params(self.workdir, checkpoint, self.config,
-                                              self.params if params_like is None else params_like)
+    """Swaps in the parameters of `checkpoint` (the compiled search is kept; `cast_kernels`)."""
+    self.steps, params = restore_params(self.workdir, checkpoint, self.config,
+                                        self._params_like if params_like is None else params_like)
+    self.params = cast_kernels(self.graphdef, params, self.matmul_dtype)
     self.checkpoint = checkpoint
 
   def search_ids(self, src_ids: list[np.ndarray]) -> list[list[tuple[np.ndarray, float]]]:

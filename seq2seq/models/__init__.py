@@ -21,7 +21,7 @@ from flax import nnx
 from seq2seq.errors import UserError
 from seq2seq.models.attention import PAPER_NAMES, SCORES, VARIANTS
 from seq2seq.models.interface import Seq2SeqModel
-from seq2seq.models.linear import MATRIX_DOTS, use_matmul_dtype
+from seq2seq.models.linear import MATRIX_DOTS, cast_kernels, use_matmul_dtype  # noqa: F401 (re-export)
 from seq2seq.models.normalizers import NORMALIZERS
 from seq2seq.models.positions import POSITIONS
 from seq2seq.models.rnn import RNN

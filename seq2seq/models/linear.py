@@ -64,4 +64,19 @@ def use_matmul_dtype(model: nnx.Module, dtype: str) -> None:
       module.dot_general = MATRIX_DOTS[dtype]
 
 
+def cast_kernels(graphdef, params, dtype: str):
+  """`params`, the `nnx.Param` state of `graphdef`'s model, with the kernel of every `Linear`
+  that multiplies in `dtype` (`use_matmul_dtype`) cast to it once, as a program reads it
+  (nnx.Linear upcasts it to its input's float32, and XLA drops the pair of conversions). A
+  program converts float32 kernels once per call, out of its loop: at one sentence a call,
+  more than the bfloat16 products save. float32: `params` as they are."""
+  if dtype == "float32":
+    return params
+  model = nnx.merge(graphdef, params)
+  for _, module in nnx.iter_graph(model):
+    if isinstance(module, nnx.Linear) and module.dot_general is MATRIX_DOTS[dtype]:
+      module.kernel.set_value(module.kernel[...].astype(dtype))
+  return nnx.split(model, nnx.Param)[1]
+
+
 Linear = functools.partial(nnx.Linear, dot_general=matrix_dot)
