@@ -252,8 +252,8 @@ def define_matmul_flag() -> flags.FlagHolder:
   return flags.DEFINE_enum(
       "matmul_dtype", "float32", list(MATMUL_DTYPES), "The inputs' dtype of the model's dense"
       " products (every projection and the output layer), summed in float32; bfloat16 decodes"
-      " faster where the CPU has AVX-512 BF16 or AMX (the parameters stay float32, so does all"
-      " else). A Transformer trained in float32 only.")
+      " faster in large batches where the CPU has AVX-512 BF16 or AMX (the checkpoint is read"
+      " as it is; all else stays float32). A Transformer trained in float32 only.")
 
 
 def define_alignment_flags() -> dict:
