@@ -22,7 +22,7 @@ from seq2seq.decoding import translator
 from seq2seq.decoding.translator import Translator
 from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate
-from seq2seq.runtime import compiling
+from seq2seq.runtime import compiling, persistent_cache
 from seq2seq.training import loop, reports, steps
 from tests.helpers import ENV, fast_tiny_config
 
@@ -51,7 +51,7 @@ def fresh_cache(tmp_path, jax_cache_options):
 @pytest.fixture
 def environ(monkeypatch):
   """No cache variable set, whatever the session set."""
-  for name in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME", compiling.CACHE_SWITCH):
+  for name in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME", persistent_cache.CACHE_SWITCH):
     monkeypatch.delenv(name, raising=False)
   return monkeypatch
 
@@ -59,34 +59,34 @@ def environ(monkeypatch):
 def test_the_cache_is_the_users_unless_jax_compilation_cache_dir_names_one(
     tmp_path, environ, jax_cache_options):
   environ.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert compiling.enable_cache() == tmp_path / "xdg" / "seq2seq" / "jax"
+  assert persistent_cache.enable_cache() == tmp_path / "xdg" / "seq2seq" / "jax"
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xdg" / "seq2seq" / "jax")
   assert (tmp_path / "xdg" / "seq2seq" / "jax").is_dir()
 
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
-  assert compiling.enable_cache() == tmp_path / "mine"
+  assert persistent_cache.enable_cache() == tmp_path / "mine"
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
 
   environ.delenv("XDG_CACHE_HOME")
   environ.delenv("JAX_COMPILATION_CACHE_DIR")
   environ.setenv("HOME", str(tmp_path / "home"))
-  assert compiling.enable_cache() == tmp_path / "home" / ".cache" / "seq2seq" / "jax"
+  assert persistent_cache.enable_cache() == tmp_path / "home" / ".cache" / "seq2seq" / "jax"
 
 
 def test_the_cache_switched_off(tmp_path, environ, jax_cache_options):
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
   for off in ("off", "0", "OFF", "false"):
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
-    environ.setenv(compiling.CACHE_SWITCH, off)
-    assert compiling.enable_cache() is None
+    environ.setenv(persistent_cache.CACHE_SWITCH, off)
+    assert persistent_cache.enable_cache() is None
     assert jax.config.jax_compilation_cache_dir is None
   assert not (tmp_path / "mine").exists()
 
 
 def test_a_cache_switch_neither_on_nor_off_is_refused(environ, jax_cache_options):
-  environ.setenv(compiling.CACHE_SWITCH, "disabled")  # Was taken as "on".
+  environ.setenv(persistent_cache.CACHE_SWITCH, "disabled")  # Was taken as "on".
   with pytest.raises(UserError) as raised:
-    compiling.enable_cache()
+    persistent_cache.enable_cache()
   assert str(raised.value) == ("SEQ2SEQ_COMPILATION_CACHE=disabled is neither on nor off; set it"
                                " to off (or 0, false, no) or on, or unset it.")
 
@@ -103,7 +103,7 @@ def test_damaged_cache_entries_are_removed_with_one_warning(tmp_path, environ, j
   (cache / "jit_c-3-cache").write_bytes(zlib.compress(b"an entry as JAX writes one"))
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(cache))
   with caplog.at_level(logging.WARNING):
-    compiling.enable_cache()
+    persistent_cache.enable_cache()
   assert sorted(p.name for p in cache.iterdir()) == ["jit_c-3-cache"]
   assert [r.getMessage() for r in caplog.records] == [
       f"Removed 2 damaged entries of the compilation cache {cache} (cut short by a full disk, or"
@@ -114,7 +114,7 @@ def test_cache_entries_that_fail_are_one_warning(tmp_path, environ, jax_cache_op
   """A full disk under the cache: JAX warns once per program (34 lines for a run); the
   command says it once, naming the directory and the fix."""
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
-  compiling.enable_cache()
+  persistent_cache.enable_cache()
   with caplog.at_level(logging.WARNING):
     for name in ("jit_train_step", "jit_eval_step", "jit_search"):
       warnings.warn(f"Error writing persistent compilation cache entry for '{name}':"
@@ -135,7 +135,7 @@ def _read_only(tmp_path, monkeypatch):
     raise PermissionError(13, "Permission denied")
 
   (tmp_path / "cache").mkdir()
-  monkeypatch.setattr(compiling.tempfile, "NamedTemporaryFile", refused)
+  monkeypatch.setattr(persistent_cache.tempfile, "NamedTemporaryFile", refused)
   return tmp_path / "cache", "Permission denied"
 
 
@@ -146,7 +146,7 @@ def test_an_unusable_cache_is_one_warning_and_no_cache(tmp_path, environ, jax_ca
   path, reason = unusable(tmp_path, monkeypatch)
   environ.setenv("JAX_COMPILATION_CACHE_DIR", str(path))
   with caplog.at_level(logging.WARNING):
-    assert compiling.enable_cache() is None
+    assert persistent_cache.enable_cache() is None
   assert jax.config.jax_compilation_cache_dir is None
   assert [r.getMessage() for r in caplog.records] == [
       f"The compilation cache {path} cannot be used ({reason}); running without it. Set"
@@ -160,14 +160,14 @@ def test_the_cache_options_set_unless_the_environment_sets_them(tmp_path, enviro
   environ.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
-  compiling.enable_cache()
+  persistent_cache.enable_cache()
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
   assert (jax.config.jax_persistent_cache_enable_xla_caches
           == "xla_gpu_per_fusion_autotune_cache_dir")
 
   environ.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "5")
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 5.0)
-  compiling.enable_cache()
+  persistent_cache.enable_cache()
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 5.0  # The user's.
 
 
@@ -375,7 +375,7 @@ import sys, time
 import numpy as np
 from seq2seq.commands import cli
 from seq2seq.errors import UserError
-from seq2seq.runtime import compiling
+from seq2seq.runtime import compiling, persistent_cache
 
 class Slow:
   def lower(self, *args):

@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from seq2seq import config as config_lib
 from seq2seq.errors import UserError, file_fault
-from seq2seq.runtime import compiling, process, signals
+from seq2seq.runtime import compiling, persistent_cache, process, signals
 from seq2seq.runtime.signals import Interrupted
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of a user error (still status 2).")
@@ -183,7 +183,7 @@ def _status_of(fn: Callable[[], int | None]) -> int:
   line, or a full disk's or a read-only destination's (`errors.file_fault`)."""
   try:
     check_flags_given_once()
-    compiling.enable_cache()
+    persistent_cache.enable_cache()
     status = fn()
     return status if type(status) is int else 0  # (`train_and_evaluate` returns its record.)
   except BrokenPipeError:  # The output's reader left (`| head`): nothing more is wanted.

@@ -1,7 +1,7 @@
 """Translating with trained parameters: greedy, beam and sampling search over any model's
 `decode_step` (`search`; beam search, compacting its batch as sentences end: `beam_search`;
 the memory and cache of its hypotheses: `beams`; what every search scores with: `scores`),
-several models decoding as one (`ensemble`), and the `Translator` that loads a run's
+several models decoding as one (`ensemble`, its members from the command line: `members`), and the `Translator` that loads a run's
 checkpoint and turns text into text in compiled, bucketed shapes (`translator`); the
 attention of a translation (`alignment`) and the word links drawn from it
 (`word_alignment`); how long a translation may grow (`lengths`). `deploy` (the optional

@@ -22,6 +22,7 @@ from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.data.tokenizer import fingerprint as tokenizer_fingerprint
 from seq2seq.decoding import search
 from seq2seq.decoding.ensemble import Ensemble, stack
+from seq2seq.decoding.members import ensemble_members
 from seq2seq.errors import UserError
 from seq2seq.models import build_model, cast_kernels, check_matmul_dtype
 from seq2seq.runs import workdirs
@@ -155,55 +156,11 @@ def check_candidates(workdir: Path, candidates: Sequence[str]) -> None:
   try:
     for spec in candidates:
       if spec.startswith("ensemble:"):
-        _ensemble_members(workdir, spec, (), keep)
+        ensemble_members(workdir, spec, (), keep)
       else:
         checkpoints.resolve(spec)
   finally:
     checkpoints.close()
-
-
-def _distinct_runs(workdir: Path, others: Sequence[str | Path]) -> list[Path]:
-  """`workdir` and the --ensemble runs `others`, each once: an empty entry (a stray comma) or
-  a run named twice (by any path) is a `UserError`, before anything is read."""
-  if any(not str(other).strip() for other in others):
-    raise UserError(f"--ensemble={','.join(map(str, others))} has an empty entry (a stray"
-                    " comma); list the other runs' workdirs, e.g. --ensemble=runs/b,runs/c.")
-  runs, seen = [workdir, *map(Path, others)], {}
-  for run in runs:
-    key = run.resolve()
-    if key in seen:
-      raise UserError(f"--ensemble: {run} is a run already listed (as {seen[key]}, by"
-                      " --workdir or --ensemble); name each run once: an ensemble counts each"
-                      " member once.")
-    seen[key] = run
-  return runs
-
-
-def _ensemble_members(workdir: Path, checkpoint: str, others: Sequence[str | Path],
-                      keep: int) -> list[tuple[Path, str]] | None:
-  """(workdir, checkpoint spec) of each member of an ensemble; None for one model.
-
-  `--checkpoint=ensemble:N` makes the last N checkpoints of `workdir` the members; otherwise
-  `workdir` and `others` are, each at the checkpoint `checkpoint` names for it.
-  """
-  if not checkpoint.startswith("ensemble:"):
-    return [(w, checkpoint) for w in _distinct_runs(workdir, others)] if others else None
-  if others:
-    raise UserError(f"--checkpoint={checkpoint} ensembles checkpoints of --workdir alone; drop"
-                    " --ensemble, or pass --checkpoint=best (or another) with it.")
-  n = checkpoint[len("ensemble:"):]
-  checkpoints = Checkpoints(workdir, keep)
-  try:
-    steps = checkpoints.all_steps()
-    if not steps:
-      checkpoints.resolve("latest")  # Says that there is none.
-  finally:
-    checkpoints.close()
-  if not n.isdigit() or not 1 <= int(n) <= len(steps):
-    raise UserError(f"--checkpoint={checkpoint}: N of ensemble:N must be 1 to {len(steps)}, the"
-                    f" checkpoints {workdir / workdirs.CHECKPOINTS} holds (steps"
-                    f" {', '.join(map(str, steps))}).")
-  return [(workdir, str(step)) for step in steps[-int(n):]]
 
 
 class Hypothesis(NamedTuple):
@@ -254,7 +211,7 @@ class Translator:
     self.batch_size = batch_size or self.config.eval.batch_size
     self.workdir, self.nbest, self.matmul_dtype = workdir, nbest, matmul_dtype
     self.beam_size, self.alpha = beam_size, alpha
-    members = _ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
+    members = ensemble_members(workdir, checkpoint, ensemble, self.config.checkpoint.keep)
     if members is not None:
       self._init_ensemble(checkpoint, members)
       return

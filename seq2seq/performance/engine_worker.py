@@ -40,12 +40,12 @@ class Ours:
   """Our `Translator` (beam search, alpha 0), one per batch size of the setup's `batches`."""
 
   def __init__(self, setup: dict):
-    from seq2seq.runtime import compiling
+    from seq2seq.runtime import compiling, persistent_cache
 
     # As the benchmark's command: its persistent compilation cache, or none.
     if setup.get("compilation_cache"):
       os.environ["JAX_COMPILATION_CACHE_DIR"] = setup["compilation_cache"]
-      compiling.enable_cache()
+      persistent_cache.enable_cache()
     else:
       import jax
 

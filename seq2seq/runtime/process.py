@@ -44,9 +44,9 @@ def start_worker(processes: int = 1) -> None:
   is guarded by `__name__ == "__main__"`, so nothing else sets them up."""
   prepare_process()
   share_device_memory(processes)
-  from seq2seq.runtime import compiling  # Imports JAX: after the preamble.
+  from seq2seq.runtime import persistent_cache  # Imports JAX: after the preamble.
 
-  compiling.enable_cache()
+  persistent_cache.enable_cache()
 
 
 def end(status: int, exit_handlers: bool = True, leave_run: bool = True) -> None:
