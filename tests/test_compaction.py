@@ -31,33 +31,46 @@ class Memory(NamedTuple):
                   jnp.repeat(self.ends, beam_size))
 
 
+class ResizableCache(NamedTuple):
+  """A Transformer's cache and the step: grown in phases as the model's own is."""
+  model: Any
+  step: jnp.ndarray
+
+  def resized(self, length: int) -> "ResizableCache":
+    return self._replace(model=self.model.resized(length))
+
+
 class EndsByLength:
   """`model`, made to end each sentence near step 2 x its length: EOS is forbidden before
   then and favoured after, so its searches end at steps spread over 2-17. The steps it runs
   at are counted by batch rows (`rows_stepped`), as they run."""
 
   def __init__(self, model):
-    self.model, self.rows_stepped = model, []
+    self.model, self.rows_stepped, self.slots = model, [], []
 
   def encode(self, src):
     return Memory(self.model.encode(src), 2 * jnp.sum(src != PAD_ID, axis=1))
 
   def init_cache(self, memory, max_len):  # The model's, and the step.
-    return self.model.init_cache(memory.model, max_len), jnp.zeros((), jnp.int32)
+    cache = self.model.init_cache(memory.model, max_len), jnp.zeros((), jnp.int32)
+    return ResizableCache(*cache) if hasattr(cache[0], "resized") else cache
 
   def decode_step(self, memory, cache, token_ids):
     jax.debug.callback(self.rows_stepped.append, token_ids.shape[0])
+    if hasattr(cache[0], "self_kv"):  # The Transformer's: the cache phase's slots.
+      jax.debug.callback(self.slots.append, cache[0].self_kv[0][0].shape[2])
     logits, new_cache = self.model.decode_step(memory.model, cache[0], token_ids)
     ended = cache[1] + 1 >= memory.ends
     logits = logits.at[:, EOS_ID].set(jnp.where(ended, logits.max(axis=-1) + 2.0, -1e9))
-    return logits, (new_cache, cache[1] + 1)
+    stepped = (new_cache, cache[1] + 1)
+    return logits, ResizableCache(*stepped) if isinstance(cache, ResizableCache) else stepped
 
 
-def search_both_ways(model, *, beam_size=3, nbest=2, max_len=20):
+def search_both_ways(model, *, beam_size=3, nbest=2, max_len=20, shortest_phase=16):
   """The beam search of `SRC` compacted down to 2 sentences, and stepping all 9 to the end."""
   memory = beams.expand_to_beams(model.encode(SRC), beam_size)
   cache, rows = model.init_cache(memory, max_len), search.in_use(SRC, 9)
-  kw = dict(beam_size=beam_size, alpha=0.6, nbest=nbest, rows=rows)
+  kw = dict(beam_size=beam_size, alpha=0.6, nbest=nbest, rows=rows, shortest_phase=shortest_phase)
   compacted = jax.jit(lambda: search.beam_search(model.decode_step, cache, 9, max_len,
                                                  memory=memory, smallest=2, **kw))()
   steps_compacted = list(model.rows_stepped)
@@ -130,3 +143,16 @@ def test_sentences_taken_and_put_back_by_their_layout():
   assert back["step"] == 7
   with pytest.raises(ValueError, match=r"neither per sentence \(4\) nor per hypothesis"):
     beams.take_sentences({"odd": jnp.zeros(3)}, jnp.array([0]), 4, 2)
+
+
+def test_a_search_in_several_cache_phases_compacts_in_the_last():
+  """Cache phases of 5, 10 and 20 slots: the whole batch steps through the first two until few
+  sentences are live, then the smaller batches step in the last phase's cache only (a loop per
+  phase and one per size, not one per pair); the n-best are the whole batch's."""
+  model = EndsByLength(build_model(small_config("transformer"), 30))
+  compacted, whole, steps, _ = search_both_ways(model, shortest_phase=5)
+  assert_same_translations(compacted, whole)
+  slots = list(map(int, model.slots[:len(steps)]))
+  assert set(slots) == {5, 10, 20} and sorted(slots) == slots
+  assert {s for s, rows in zip(slots, map(int, steps), strict=True) if rows < 27} == {20}
+  assert set(map(int, steps)) == {27, 12, 6}
