@@ -188,7 +188,7 @@ def _compile_defaults() -> ml_collections.ConfigDict:
   k = ml_collections.ConfigDict()
   k.train_options = ""  # The train step's (it runs for minutes or hours).
   k.eval_options = ""  # Validation losses' and every search's (they run for seconds).
-  k.threads = 0  # Programs compiled at once (0: one per core, 2 to 8; 1: one after another).
+  k.threads = 0  # Programs compiled at once (0: one per core, up to 8; one on 2 cores; 1: serial).
   return k
 
 

@@ -156,8 +156,12 @@ def _compile(key: Hashable, lower: Callable[[], Any], options: dict,
 
 
 def default_threads() -> int:
-  """Programs compiled at once unless config.compile.threads says: one per core, 2 to 8."""
-  return max(2, min(8, os.cpu_count() or 1))
+  """Programs compiled at once unless config.compile.threads says: one per core, up to 8; one
+  where there are 2 cores or fewer, which XLA's compiling of one program already keeps busy
+  (docs/performance.md, "Compile time": all of the default recipe's programs were ready 0.83x
+  and 0.89x as late with one thread as with two, on a 2-core host)."""
+  cores = os.cpu_count() or 1
+  return 1 if cores <= 2 else min(8, cores)
 
 
 _POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
