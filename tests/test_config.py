@@ -78,3 +78,31 @@ def test_a_run_saved_before_length_buckets_reads_as_every_length():
   assert config_lib.from_json(json.dumps(saved)).data.num_buckets == 2
   del saved["data"]["num_buckets"]  # As runs saved it before the field.
   assert config_lib.from_json(json.dumps(saved)).data.num_buckets == 0
+
+
+def test_the_former_default_is_the_default_with_its_documented_line():
+  """configs/multi30k_transformer.py carries rotary positions and attention dropout; the default
+  before them is the line of overrides its comment and the former default's file document, and
+  that file is the default with that line, field for field."""
+  default = load_config("multi30k_transformer")
+  former = load_config("multi30k_transformer_sinusoidal")
+  assert (default.model.positions, default.model.attention_dropout_rate) == ("rope", 0.1)
+  line = "--config.model.positions=sinusoidal --config.model.attention_dropout_rate=0.0"
+  for name in ("multi30k_transformer.py", "multi30k_transformer_sinusoidal.py"):
+    text = " ".join((ROOT / "configs" / name).read_text().replace("#", " ").split())
+    assert line in text.replace("\\ ", ""), name
+  for override in line.split():
+    field, value = override.removeprefix("--config.").split("=")
+    section, key = field.split(".")
+    default[section][key] = type(default[section][key])(value)
+  assert default.to_dict() == former.to_dict()
+
+
+def test_a_run_of_the_former_default_reads_as_it_trained():
+  """A workdir's config.json says every field, so a change of the recipe's file does not change
+  what an earlier run of it means (docs/recipe_study holds runs of both recipes)."""
+  study = ROOT / "docs" / "recipe_study"
+  for positions, rate in (("sinusoidal", 0.0), ("rope", 0.1)):
+    run = f"positions-{positions}_attention_dropout_rate-{rate}_subword_sampling-0.0_seed-1"
+    config = config_lib.from_saved(json.loads((study / run / "config.json").read_text()))
+    assert (config.model.positions, config.model.attention_dropout_rate) == (positions, rate)

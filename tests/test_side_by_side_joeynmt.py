@@ -48,10 +48,10 @@ def _variant(name: str, **model):
 
 # Our recipes and variants of them that JoeyNMT builds too.
 VARIANTS = {
-    "transformer": _variant("multi30k_transformer"),
-    "transformer, post-LN, untied": _variant("multi30k_transformer", pre_ln=False,
+    "transformer": _variant("multi30k_transformer_sinusoidal"),
+    "transformer, post-LN, untied": _variant("multi30k_transformer_sinusoidal", pre_ln=False,
                                              share_embeddings=False),
-    "transformer, attention dropout": _variant("multi30k_transformer",
+    "transformer, attention dropout": _variant("multi30k_transformer_sinusoidal",
                                                attention_dropout_rate=0.1),
     "rnn": _variant("multi30k_rnn"),
     "rnn, gru, one direction, no bridge": _variant("multi30k_rnn", rnn_cell="gru",
@@ -123,7 +123,7 @@ def test_what_differs_accounts_for_every_parameter(name):
     (dict(family="rnn", attention="general", reverse_source=True), "backwards"),
 ])
 def test_what_joeynmt_cannot_build_is_refused_in_one_line(model, expected):
-  config = load_config("multi30k_transformer")
+  config = load_config("multi30k_transformer_sinusoidal")
   config.model.rnn_hidden_dim = config.model.emb_dim
   for field, value in model.items():
     config.model[field] = value
@@ -314,7 +314,7 @@ def test_a_tiny_comparison_runs_both_sides_end_to_end():
 # the validation's), dropout, and the real target tokens of our batches (an epoch's mean) that
 # JoeyNMT's token budget is set to hold.
 RECIPES = {
-    "multi30k_transformer": (4000, 2e-3, 400, 1000, 50, 0.1, 3808.3),
+    "multi30k_transformer_sinusoidal": (4000, 2e-3, 400, 1000, 50, 0.1, 3808.3),
     "multi30k_rnn": (3400, 2e-3, 300, 850, 50, 0.3, 3177.6),
 }
 
@@ -352,7 +352,7 @@ def test_the_full_budget_gives_joeynmt_each_recipes_schedule(tmp_path, name):
 
 
 def test_what_the_full_budget_cannot_match_names_the_recipes_figures():
-  transformer = joeynmt_budget.unmatched_training(load_config("multi30k_transformer"))
+  transformer = joeynmt_budget.unmatched_training(load_config("multi30k_transformer_sinusoidal"))
   rnn = joeynmt_budget.unmatched_training(load_config("multi30k_rnn"))
   # After the same warmup, JoeyNMT's rate falls as 1/sqrt(step): not to 0 at the last step.
   assert "0.002 * sqrt(400 / step), 0.00063 at step 4000" in transformer[0]
@@ -369,7 +369,7 @@ def test_what_the_full_budget_cannot_match_names_the_recipes_figures():
 
 
 def test_a_workdir_of_another_recipe_is_refused(tmp_path):
-  config = load_config("multi30k_transformer")
+  config = load_config("multi30k_transformer_sinusoidal")
   other = json.loads(config.to_json_best_effort())
   other["train"]["num_steps"] = 10
   (tmp_path / joeynmt_budget.PLAN).write_text(json.dumps({"recipe": other}))
@@ -379,12 +379,12 @@ def test_a_workdir_of_another_recipe_is_refused(tmp_path):
 
 
 def test_config_and_workdir_go_with_full_budget():
-  result = subprocess.run([*COMMAND, "--config=configs/multi30k_transformer.py"], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=120)
+  result = subprocess.run([*COMMAND, "--config=configs/multi30k_transformer_sinusoidal.py"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.splitlines() == [
       "error: --config and --workdir go with --full_budget, which needs both: pass"
-      " --full_budget --config=configs/multi30k_transformer.py"
+      " --full_budget --config=configs/multi30k_transformer_sinusoidal.py"
       " --workdir=runs/joeynmt/transformer."]
 
 

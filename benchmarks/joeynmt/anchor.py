@@ -5,7 +5,8 @@ JoeyNMT lives in a virtualenv of its own (torch is no dependency of this package
 runs `worker.py` as a subprocess; this process drives it one request at a time, so that
 the two sides take turns on the same cores, round by round, and a noisy machine slows both alike.
 
-What is the same on both sides, per config (configs/multi30k_transformer.py, multi30k_rnn.py):
+What is the same on both sides, per config (configs/multi30k_transformer_sinusoidal.py,
+multi30k_rnn.py):
 - the corpus files (the config's train split, and its test split to decode), read by our
   reader and written out as plain text for JoeyNMT;
 - the SentencePiece model (trained as a run trains it, or a run's, `vocab_from`): JoeyNMT

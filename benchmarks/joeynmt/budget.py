@@ -2,7 +2,8 @@
 each side reaches (benchmarks/joeynmt/side_by_side.py --full_budget):
 
   python benchmarks/joeynmt/side_by_side.py --full_budget \
-      --config=configs/multi30k_transformer.py --joeynmt_python=.anchors/joeynmt/bin/python \
+      --config=configs/multi30k_transformer_sinusoidal.py \
+      --joeynmt_python=.anchors/joeynmt/bin/python \
       --workdir=runs/joeynmt/transformer
 
 In --workdir: `run/` holds our SentencePiece model (trained as a run trains it, or

@@ -2,7 +2,7 @@ r"""This project's speed against JoeyNMT 2.3.0, one JSON line per config; or Joe
 a recipe's full budget and scored (--full_budget). Run from a checkout's root:
 
   python benchmarks/joeynmt/side_by_side.py --joeynmt_python=.anchors/joeynmt/bin/python \
-      [--configs=configs/multi30k_transformer.py,configs/multi30k_rnn.py] [--rounds=7] \
+      [--configs=configs/multi30k_transformer_sinusoidal.py,configs/multi30k_rnn.py] [--rounds=7] \
       [--steps=20] [--beam=4] [--sentences=0] [--vocab_from=RUN]
 
 JoeyNMT 2.3.0 on each config's recipe, one line per config: the same corpus, the same
@@ -26,7 +26,8 @@ another process takes their cores (a busy machine wants OMP_WAIT_POLICY=PASSIVE,
 record shows; XLA does not read it).
 
   python benchmarks/joeynmt/side_by_side.py --full_budget \
-      --config=configs/multi30k_transformer.py --joeynmt_python=.anchors/joeynmt/bin/python \
+      --config=configs/multi30k_transformer_sinusoidal.py \
+      --joeynmt_python=.anchors/joeynmt/bin/python \
       --workdir=runs/joeynmt/transformer [--config.<field>=VALUE] [--beam=4] [--sentences=0] \
       [--vocab_from=RUN]
 
@@ -53,7 +54,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed rounds, each --steps train st
 _BEAM = flags.DEFINE_integer("beam", 4, "Beam size of both searches.")
 _PYTHON = flags.DEFINE_string("joeynmt_python", os.environ.get("JOEYNMT_PYTHON", ""),
                               "The Python of JoeyNMT's virtualenv (default $JOEYNMT_PYTHON).")
-_CONFIGS = flags.DEFINE_list("configs", ["configs/multi30k_transformer.py",
+_CONFIGS = flags.DEFINE_list("configs", ["configs/multi30k_transformer_sinusoidal.py",
                                          "configs/multi30k_rnn.py"],
                              "The recipes to compare, one line each.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Train steps of each side per round.")
@@ -94,7 +95,7 @@ def _full_budget() -> None:
 
   if not (_FULL_BUDGET.value and _CONFIG.value is not None and _WORKDIR.value):
     raise UserError("--config and --workdir go with --full_budget, which needs both: pass"
-                    " --full_budget --config=configs/multi30k_transformer.py"
+                    " --full_budget --config=configs/multi30k_transformer_sinusoidal.py"
                     " --workdir=runs/joeynmt/transformer.")
   if flags.FLAGS["configs"].present:
     raise UserError("--configs names the timing's recipes; --full_budget trains the one that"

@@ -19,7 +19,7 @@ VERSION = "2.3.0"
 def _check(condition: bool, problem: str) -> None:
   if not condition:
     raise UserError(f"{problem}; the JoeyNMT comparison takes the configs that JoeyNMT"
-                    f" {VERSION} can build, such as configs/multi30k_transformer.py and"
+                    f" {VERSION} can build, such as configs/multi30k_transformer_sinusoidal.py and"
                     " configs/multi30k_rnn.py.")
 
 
