@@ -401,8 +401,8 @@ def test_the_benchmark_times_ours_against_ctranslate2(run):  # ~40 s.
                             "ctranslate2_int8", engines.NATIVE))
     assert result["float32_speedup"] > 0 and result["float32_native_speedup"] > 0
     assert result["ours_bfloat16_speedup"] > 0
-    assert all(0 <= result[f"{name}_equal_lines"] <= 1
-               for name in ("", "native_", "ours_bfloat16_", "int8_"))
+    assert all(0 <= result[f"{prefix}equal_lines"] <= 1
+               for prefix in ("", "native_", "ours_bfloat16_", "int8_"))
     assert result["native_max_decoding_length"] > 0
     assert result["compiled_while_timed"] == 0 and result["idle_workers_cpu_s"] >= 0
   assert child_processes() <= before
