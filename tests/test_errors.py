@@ -914,8 +914,8 @@ COMMANDS = [
     ("evaluate.py, --gold_alignment of several checkpoints",
      ["evaluate.py", "--workdir={run}", "--split=val", "--checkpoint=2,4",
       "--gold_alignment={tmp}/gold.txt"],
-     "--gold_alignment scores one checkpoint; choose it on validation first, then score it with"
-     " --checkpoint=selected."),
+     "--gold_alignment scores one choice, not several checkpoints or searches; choose on"
+     " validation first, then score it with --checkpoint=selected."),
     ("serve.py, without the [serve] extra", ["serve.py", "--workdir={run}"],
      "seq2seq-serve needs the [serve] extra (fastapi is not installed); install it with pip"
      " install -e \".[serve]\"."),

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from seq2seq import config as config_lib
+from seq2seq.commands import cli
 from seq2seq.data import textio
 from seq2seq.decoding.alignment import alignment
 from seq2seq.decoding.translator import Translator
@@ -429,3 +430,68 @@ def test_ctrl_c_at_the_terminal_says_which_translations_were_printed(run):
   assert process.returncode == 130
   assert stderr.splitlines()[-1] == ("stopped by SIGINT; 1 translation was printed, the line in"
                                      " progress was not: the same command starts again.")
+
+
+@pytest.mark.slow  # Eight decodes of the validation split: over ~8 s.
+def test_beam_size_and_alpha_are_chosen_on_validation_with_the_checkpoint(run, tmp_path):
+  """Every pair of beam size and alpha scores as it would alone; the best pair is recorded
+  with the checkpoint, and `selected` then decodes with it."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  chosen = evaluate.select_checkpoint(workdir, ["latest"], beam_size=[1, 2], alpha=[0.6, 1.5])
+  alone = {}
+  for k in (1, 2):
+    for a in (0.6, 1.5):
+      scored, prefix = evaluate.run_evaluation(workdir, split="val", checkpoint="latest",
+                                               beam_size=k, alpha=a)
+      alone[evaluate.search_label("latest", k, a)] = scored["bleu"]
+      assert prefix.name == f"val.latest.beam{k}" + ("" if a == 0.6 else ".alpha1.5")
+  assert chosen["bleu"] == pytest.approx(alone)
+  winner = max(alone, key=alone.get)  # The first listed wins a tie, as max() does.
+  assert evaluate.search_label("latest", chosen["beam_size"], chosen["alpha"]) == winner
+  assert chosen["searches"] == {"beam_sizes": [1, 2], "alphas": [0.6, 1.5]}
+  assert selection.selected_search(workdir) == (chosen["beam_size"], chosen["alpha"])
+  # One search, as before: no search is recorded, so the flags say it.
+  evaluate.select_checkpoint(workdir, ["latest", "best"], beam_size=1)
+  assert selection.selected_search(workdir) is None
+
+
+class _Flag:
+  def __init__(self, value, present=False):
+    self.value, self.present = value, present
+    self.default = value
+
+
+def test_a_search_chosen_on_validation_is_the_one_selected_decodes_with(tmp_path):
+  (tmp_path / "eval").mkdir()
+  record = {"checkpoint": "avg:10", "split": "val", "beam_size": 5, "alpha": 1.0,
+            "bleu": {}, "searches": {"beam_sizes": [4, 5], "alphas": [0.6, 1.0]}}
+  (tmp_path / "eval" / "selected.json").write_text(json.dumps(record))
+  flags_ = {"workdir": _Flag(str(tmp_path)), "checkpoint": _Flag("selected"),
+            "beam_size": _Flag(4), "alpha": _Flag(0.6)}
+  assert cli.selected_search(flags_, 4, 0.6) == (5, 1.0)  # Flags left out: the choice.
+  flags_["beam_size"].present = True
+  assert cli.selected_search(flags_, 5, 0.6) == (5, 1.0)  # Given as chosen: the same.
+  with pytest.raises(UserError, match=r"^--beam_size=4: --checkpoint=selected was chosen on"
+                     r" validation at --beam_size=5 --alpha=1; leave out"):
+    cli.selected_search(flags_, 4, 0.6)
+  flags_["checkpoint"].value = "best"  # Not the choice: the flags say the search.
+  assert cli.selected_search(flags_, 4, 0.6) == (4, 0.6)
+  # A released model carries its run's choice where it was released as `selected`.
+  released = {"checkpoint": "latest", "released_from": {"checkpoint": "selected",
+                                                        "selection": record}}
+  (tmp_path / "eval" / "selected.json").write_text(json.dumps(released))
+  assert selection.selected_search(tmp_path) == (5, 1.0)
+  released["released_from"]["checkpoint"] = "avg:10"
+  (tmp_path / "eval" / "selected.json").write_text(json.dumps(released))
+  assert selection.selected_search(tmp_path) is None
+
+
+def test_candidate_searches_are_numbers_named_once():
+  flags_ = {"beam_size": _Flag(["4", "5"]), "alpha": _Flag(["0.6", "x"])}
+  with pytest.raises(UserError, match=r"^--alpha=0.6,x: 'x' is not a number \(0.6\); pass"):
+    cli.search_values(flags_)
+  flags_["alpha"].value = ["0.6", "1"]
+  assert cli.search_values(flags_) == ([4, 5], [0.6, 1.0])
+  with pytest.raises(UserError, match=r"^--beam_size=5,5 names a value twice"):
+    evaluate.select_checkpoint("unused", ["best"], beam_size=[5, 5])

@@ -224,9 +224,11 @@ def run_main(fn: Callable[[], int | None],
     _interrupted(e, interrupted)
 
 
-def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
+def define_run_flags(beam_size: int = 4, ensemble: bool = False, choices: bool = False) -> dict:
   """The flags of every command that decodes with a run: workdir, checkpoint, search; and,
-  where ensembles decode (`ensemble`), --ensemble."""
+  where ensembles decode (`ensemble`), --ensemble. With `choices` (seq2seq-evaluate),
+  --beam_size and --alpha take several values, each a candidate on validation data
+  (`search_values` reads them)."""
   flags_ = {} if not ensemble else {"ensemble": flags.DEFINE_list(
       "ensemble", [], "Other runs (comma-separated workdirs) decoding with --workdir's as one"
       " model: the mean of their log-probabilities at every step; each at the --checkpoint it"
@@ -238,9 +240,51 @@ def define_run_flags(beam_size: int = 4, ensemble: bool = False) -> dict:
           "checkpoint", "best", "best, latest, a step, avg:N, selected (chosen on validation by"
           " seq2seq-evaluate --checkpoint=best,avg:N --split=val), or ensemble:N (the last N"
           " checkpoints as an ensemble)."),
-      "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
-      "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent."),
+      **(_search_flags(beam_size) if choices else {
+          "beam_size": flags.DEFINE_integer("beam_size", beam_size, "Beam size (1: greedy)."),
+          "alpha": flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent.")}),
   }
+
+
+def _search_flags(beam_size: int) -> dict:
+  """--beam_size and --alpha as lists: several values score every pair on --split=val."""
+  several = (" Several, comma-separated, on --split=val: each pair of beam size and alpha"
+             " is a candidate, and the best is recorded with the checkpoint (selected).")
+  return {"beam_size": flags.DEFINE_list("beam_size", [str(beam_size)],
+                                         "Beam size (1: greedy)." + several),
+          "alpha": flags.DEFINE_list("alpha", ["0.6"], "GNMT length-penalty exponent." + several)}
+
+
+def search_values(run_flags: dict) -> tuple[list[int], list[float]]:
+  """The beam sizes and alphas of --beam_size and --alpha as `define_run_flags(choices=True)`
+  defines them; `UserError` for a value that is not a number."""
+  def read(name, kind, example):
+    values = []
+    for text in run_flags[name].value:
+      try:
+        values.append(kind(text))
+      except ValueError:
+        raise UserError(f"--{name}={','.join(run_flags[name].value)}: {text!r} is not"
+                        f" {example}; pass numbers, comma-separated.") from None
+    return values or [kind(run_flags[name].default[0])]
+  return read("beam_size", int, "an integer (4)"), read("alpha", float, "a number (0.6)")
+
+
+def selected_search(run_flags: dict, beam_size: int, alpha: float) -> tuple[int, float]:
+  """The search of a --checkpoint=selected that was chosen with its beam size and alpha
+  (`selection.selected_search`): theirs where --beam_size and --alpha are not given;
+  `UserError` where either is given otherwise. Else (`beam_size`, `alpha`), as the flags say."""
+  from seq2seq.runs import selection  # Lazily: it reads checkpoints (orbax), which start slowly.
+  chosen = (selection.selected_search(Path(run_flags["workdir"].value))
+            if run_flags["checkpoint"].value == "selected" else None)
+  if chosen is None:
+    return beam_size, alpha
+  for name, value, choice in (("beam_size", beam_size, chosen[0]), ("alpha", alpha, chosen[1])):
+    if run_flags[name].present and value != choice:
+      raise UserError(f"--{name}={value:g}: --checkpoint=selected was chosen on validation at"
+                      f" --beam_size={chosen[0]} --alpha={chosen[1]:g}; leave out --beam_size"
+                      " and --alpha to decode with them, or choose again at this search.")
+  return chosen
 
 
 # `seq2seq.models.linear.MATRIX_DOTS`'s names, without importing the models to define a flag.

@@ -11,9 +11,9 @@ http://127.0.0.1:8000/ is then the attention explorer, /docs the API's OpenAPI p
 answers {"run": ..., "translations": [...], "scores": [...]}. Each run is loaded once and
 named by its folder; every program it answers with starts compiling at start-up (or comes
 from the compilation cache), in the background: the server answers at once, a request waiting
-only for the programs it needs, and none compiles per request. It translates sentences up to --max_subwords
-subwords (by default as long as the run's training pairs: config.data.max_len with EOS), at
-the beams --beams lists (the first by default). Requests that arrive together are
+only for the programs it needs, and none compiles per request. It translates sentences up to
+--max_subwords subwords (by default as long as the run's training pairs: config.data.max_len
+with EOS), at the beams --beams lists (the first by default). Requests that arrive together are
 translated together, in batches of --batch_size. A released model (models/) serves as its
 run does and is only read.
 """

@@ -24,7 +24,7 @@ import sys
 from absl import flags
 
 from seq2seq.commands import cli
-from seq2seq.commands.cli import define_run_flags, run_main
+from seq2seq.commands.cli import define_run_flags, run_main, selected_search
 from seq2seq.data.textio import as_lines, check_output, read_lines, write_lines
 from seq2seq.decoding import alignment
 from seq2seq.decoding.translator import Translator
@@ -108,8 +108,9 @@ def main(argv):
     interactive = _INPUT.value == "-" and _OUTPUT.value == "-" and sys.stdin.isatty()
     lines = [] if interactive else read_lines(_INPUT.value if _INPUT.value != "-"
                                               else "/dev/stdin", "--input")
+    beam_size, alpha = selected_search(_RUN, _RUN["beam_size"].value, _RUN["alpha"].value)
     translator = Translator(_RUN["workdir"].value, _RUN["checkpoint"].value,
-                            beam_size=_RUN["beam_size"].value, alpha=_RUN["alpha"].value,
+                            beam_size=beam_size, alpha=alpha,
                             nbest=_NBEST.value,
                             sample_seed=_SEED.value if _SAMPLE.value else None,
                             temperature=_TEMPERATURE.value, top_k=_TOP_K.value,

@@ -335,13 +335,15 @@ class Translator:
     """The source subword ids of `text`, without EOS."""
     return np.asarray(self.tokenizer.encode(text), np.int32)
 
-  def with_search(self, beam_size: int, nbest: int = 1) -> "Translator":
-    """This translator with another beam and n-best: the same parameters and vocabulary (not
-    copied), its own search, compiled per source shape as this one's."""
-    check_search(beam_size, self.alpha, nbest=nbest)
+  def with_search(self, beam_size: int, nbest: int = 1, *,
+                  alpha: float | None = None) -> "Translator":
+    """This translator with another beam, n-best (and `alpha`, if given): the same parameters
+    and vocabulary (not copied), its own search, compiled per source shape as this one's."""
+    alpha = self.alpha if alpha is None else alpha
+    check_search(beam_size, alpha, nbest=nbest)
     other = copy.copy(self)
-    other.beam_size, other.nbest = beam_size, nbest
-    other.strategy = search_strategy(beam_size, self.alpha, nbest)
+    other.beam_size, other.nbest, other.alpha = beam_size, nbest, alpha
+    other.strategy = search_strategy(beam_size, alpha, nbest)
     other._search = search_programs(self.graphdef, self.config, other.strategy)
     return other
 

@@ -24,41 +24,90 @@ _WITHOUT_PICTURES = "drop --plot_attention, or evaluate a run trained with atten
 
 
 def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: str = "val",
-                      beam_size: int = 4, alpha: float = 0.6,
+                      beam_size: int | Sequence[int] = 4, alpha: float | Sequence[float] = 0.6,
                       batch_size: int | None = None, out: str | Path = "") -> dict:
-  """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, and
-  records the one with the highest BLEU in `<workdir>/eval/selected.json`; each candidate's
-  .hyp and .json go to `out`, or to `<workdir>/eval` (`eval_dir`).
+  """Scores every candidate spec (e.g. best, avg:5, avg:10) on the validation split, at each
+  beam size and length-penalty alpha given (one, or several: every pair is a candidate
+  search), and records the best in `<workdir>/eval/selected.json`; each candidate's .hyp and
+  .json go to `out`, or to `<workdir>/eval` (`eval_dir`).
 
   Choosing on test data would make its score optimistic, so only `val` is allowed.
 
   Returns:
-    {"checkpoint": the winner, "split", "beam_size", "alpha", "bleu": {spec: BLEU}}.
+    {"checkpoint": the winner, "split", "beam_size" and "alpha": the winner's search, "bleu":
+     {label: BLEU}}, a label being the spec, or with several searches `<spec> beam<k>
+     alpha<a>` (`search_label`); with several searches also "searches": {"beam_sizes",
+     "alphas"}, which `selection.selected_search` reads.
   """
   if split != "val":
-    raise UserError(f"--split={split} with several checkpoints would choose one on {split}"
-                    " data; choose on validation data (--split=val), then score the choice"
-                    " with --checkpoint=selected --split=test.")
+    raise UserError(f"--split={split} with several checkpoints or searches would choose one on"
+                    f" {split} data; choose on validation data (--split=val), then score the"
+                    " choice with --checkpoint=selected --split=test.")
   workdir = Path(workdir)
+  beams = [beam_size] if isinstance(beam_size, int) else list(beam_size)
+  alphas = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+  _check_searches(beams, alphas)
   released.check_no_choice(workdir, candidates)
   check_candidates(workdir, candidates)  # Every one, before any is decoded.
-  translator, found = None, {}
+  searches = [(k, a) for k in beams for a in alphas]
+  several = len(searches) > 1
+  translators: dict[tuple[int, float], Translator] = {}
+  found, text = {}, None
   for spec in candidates:
-    # Parameters swap into the compiled search; an ensemble (`ensemble:N`) is another model.
-    if translator is None or "ensemble:" in spec + translator.checkpoint:
-      translator = Translator(workdir, spec, beam_size=beam_size, alpha=alpha,
-                              batch_size=batch_size)
-      text = corpus.read_split(translator.config.data, split)
-    elif spec != translator.checkpoint:
-      translator.load_checkpoint(spec)
-    prefix = eval_dir(workdir, out) / f"{split}.{spec.replace(':', '')}.beam{beam_size}"
-    found[spec] = evaluate_split(translator, text.src, text.tgt, prefix)["bleu"]
-    log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", spec, found[spec], prefix, prefix)
-  winner = max(candidates, key=lambda spec: found[spec])  # The first listed wins a tie.
-  result = {"checkpoint": winner, "split": split, "beam_size": beam_size, "alpha": alpha,
-            "bleu": found}
+    for k, a in searches:
+      translator = _translator_for(workdir, spec, translators, k, a, batch_size)
+      text = text or corpus.read_split(translator.config.data, split)
+      prefix = eval_dir(workdir, out) / f"{split}.{spec.replace(':', '')}.{search_tag(k, a)}"
+      label = search_label(spec, k, a) if several else spec
+      found[label] = (spec, k, a, evaluate_split(translator, text.src, text.tgt, prefix)["bleu"])
+      log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", label, found[label][3], prefix, prefix)
+  winner = max(found, key=lambda label: found[label][3])  # The first listed wins a tie.
+  spec, k, a, _ = found[winner]
+  result = {"checkpoint": spec, "split": split, "beam_size": k, "alpha": a,
+            "bleu": {label: bleu for label, (*_, bleu) in found.items()}}
+  if several:
+    result["searches"] = {"beam_sizes": beams, "alphas": alphas}
   record_selection(workdir, result)
   return result
+
+
+def search_tag(beam_size: int, alpha: float) -> str:
+  """What an evaluation's file names say of its search: `beam<k>`, and `.alpha<a>` where the
+  length penalty is not the usual 0.6 (`val.avg10.beam5.alpha1.hyp`)."""
+  return f"beam{beam_size}" + ("" if alpha == 0.6 else f".alpha{alpha:g}")
+
+
+def search_label(spec: str, beam_size: int, alpha: float) -> str:
+  """A candidate's name among several searches: `avg:10 beam5 alpha0.6`."""
+  return f"{spec} beam{beam_size} alpha{alpha:g}"
+
+
+def _check_searches(beams: Sequence[int], alphas: Sequence[float]) -> None:
+  """Raises `UserError` for a repeated beam size or alpha among the candidates."""
+  for name, values in (("--beam_size", beams), ("--alpha", alphas)):
+    if len(set(values)) < len(values):
+      raise UserError(f"{name}={','.join(f'{v:g}' for v in values)} names a value twice; name"
+                      " each candidate once.")
+
+
+def _translator_for(workdir: Path, spec: str, translators: dict, beam_size: int, alpha: float,
+                    batch_size: int | None) -> Translator:
+  """The translator of one candidate search (made once per search, its program compiled once)
+  holding the parameters of `spec`: read once per spec, then shared by every search's
+  translator; an ensemble (`ensemble:N`) is another model, made anew."""
+  first = next(iter(translators.values()), None)
+  if first is None or "ensemble:" in spec + first.checkpoint:
+    translators.clear()
+    first = translators[beam_size, alpha] = Translator(
+        workdir, spec, beam_size=beam_size, alpha=alpha, batch_size=batch_size)
+  elif spec != first.checkpoint:
+    first.load_checkpoint(spec)
+  if (beam_size, alpha) not in translators:
+    translators[beam_size, alpha] = first.with_search(beam_size, alpha=alpha)
+  translator = translators[beam_size, alpha]
+  translator.params, translator.steps, translator.checkpoint = (
+      first.params, first.steps, first.checkpoint)
+  return translator
 
 
 def eval_dir(workdir: str | Path, out: str | Path = "") -> Path:
@@ -137,7 +186,7 @@ def run_evaluation(workdir: str | Path, *, split: str = "test", checkpoint: str 
     text = corpus.read_split(translator.config.data, split)
     sources, references, name = text.src, text.tgt, split
   prefix = _prefix(eval_dir(workdir, out), name, checkpoint, ensemble,
-                   f"beam{beam_size}" + _matmul_tag(matmul_dtype), reference)
+                   search_tag(beam_size, alpha) + _matmul_tag(matmul_dtype), reference)
   aer = (alignment_scores(translator, sources, references,
                           read_gold(gold_alignment, sources, references, gold_one_based),
                           layer=alignment_layer)

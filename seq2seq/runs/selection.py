@@ -37,6 +37,23 @@ def selected_checkpoint(workdir: Path, field: str = "--checkpoint") -> str:
   return choice
 
 
+def selected_search(workdir: Path) -> tuple[int, float] | None:
+  """The beam size and alpha that `select_checkpoint` chose with the checkpoint, where it chose
+  among several searches (a released model: its run's choice, where it was released with
+  --checkpoint=selected); None where it was given one search, or where nothing was chosen."""
+  path = Path(workdir) / SELECTION
+  if not path.is_file():
+    return None
+  record = workdirs.read_json(path, "choose again on validation data: seq2seq-evaluate"
+                              " --split=val --checkpoint=best,avg:5,avg:10")
+  source = record.get("released_from", {})
+  if source.get("checkpoint") == "selected":
+    record = source.get("selection", {})
+  if "searches" not in record:
+    return None
+  return int(record["beam_size"]), float(record["alpha"])
+
+
 def record_selection(workdir: Path, result: dict) -> None:
   """Writes the choice that `selected_checkpoint` reads (`evaluate.select_checkpoint`)."""
   write_atomically(Path(workdir) / SELECTION, json.dumps(result, indent=2) + "\n")
