@@ -66,13 +66,14 @@ class EndsByLength:
     return logits, ResizableCache(*stepped) if isinstance(cache, ResizableCache) else stepped
 
 
-def search_both_ways(model, *, beam_size=3, nbest=2, max_len=20, shortest_phase=16):
-  """The beam search of `SRC` compacted down to 2 sentences, and stepping all 9 to the end."""
+def search_both_ways(model, *, beam_size=3, nbest=2, max_len=20, shortest_phase=16, smallest=2):
+  """The beam search of `SRC` compacted down to `smallest` sentences, and stepping all 9 to the
+  end."""
   memory = beams.expand_to_beams(model.encode(SRC), beam_size)
   cache, rows = model.init_cache(memory, max_len), search.in_use(SRC, 9)
   kw = dict(beam_size=beam_size, alpha=0.6, nbest=nbest, rows=rows, shortest_phase=shortest_phase)
   compacted = jax.jit(lambda: search.beam_search(model.decode_step, cache, 9, max_len,
-                                                 memory=memory, smallest=2, **kw))()
+                                                 memory=memory, smallest=smallest, **kw))()
   steps_compacted = list(model.rows_stepped)
   whole = jax.jit(lambda: search.beam_search(functools.partial(model.decode_step, memory),
                                              cache, 9, max_len, **kw))()
@@ -96,18 +97,18 @@ def small_config(family: str):
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])
 def test_a_compacted_beam_search_translates_as_the_whole_batch(family):
-  """Both families: the same n-best; fewer rows stepped, at the batch sizes 9, 4 and 2
+  """Both families: the same n-best; fewer rows stepped, at the batch sizes 9, 2 and 1
   (x 3 beams), each once live sentences fit it."""
   model = EndsByLength(build_model(small_config(family), 30))
-  compacted, whole, steps, steps_whole = search_both_ways(model)
+  compacted, whole, steps, steps_whole = search_both_ways(model, smallest=1)
   assert_same_translations(compacted, whole)
   ends = np.argmax(np.asarray(whole[0][:8, 0]) == EOS_ID, axis=1) + 1
   np.testing.assert_array_equal(ends, 2 * (np.asarray([3, 8, 1, 6, 2, 7, 4, 5]) + 1))
   steps, steps_whole = list(map(int, steps)), list(map(int, steps_whole))
   assert set(steps_whole) == {27} and len(steps_whole) > ends.max()  # To improve the 2nd best.
-  assert set(steps) == {27, 12, 6} and len(steps) == len(steps_whole)
+  assert set(steps) == {27, 6, 3} and len(steps) == len(steps_whole)
   assert steps[0] == 27 and sorted(steps, reverse=True) == steps
-  assert sum(steps) < 0.8 * sum(steps_whole)
+  assert sum(steps) < 0.9 * sum(steps_whole)  # 0.82x (Transformer) and 0.87x (RNN).
 
 
 def test_an_ensembles_memory_and_cache_compact_member_by_member():
@@ -121,10 +122,13 @@ def test_an_ensembles_memory_and_cache_compact_member_by_member():
   assert min(map(int, steps)) == 6
 
 
-def test_compaction_sizes_halve_down_to_the_smallest():
-  assert beams.compaction_sizes(128) == (128, 64, 32)
+def test_compaction_sizes_quarter_down_to_the_smallest():
+  assert beams.compaction_sizes(128) == (128, 32)
+  assert beams.compaction_sizes(64) == (64, 32)
+  assert beams.compaction_sizes(512) == (512, 128, 32)
   assert beams.compaction_sizes(32) == (32,)
-  assert beams.compaction_sizes(9, smallest=2) == (9, 4, 2)
+  assert beams.compaction_sizes(9, smallest=2) == (9, 2)
+  assert beams.compaction_sizes(9, smallest=1) == (9, 2, 1)
   assert beams.compaction_sizes(1, smallest=1) == (1,)
 
 
@@ -150,9 +154,9 @@ def test_a_search_in_several_cache_phases_compacts_in_the_last():
   sentences are live, then the smaller batches step in the last phase's cache only (a loop per
   phase and one per size, not one per pair); the n-best are the whole batch's."""
   model = EndsByLength(build_model(small_config("transformer"), 30))
-  compacted, whole, steps, _ = search_both_ways(model, shortest_phase=5)
+  compacted, whole, steps, _ = search_both_ways(model, shortest_phase=5, smallest=1)
   assert_same_translations(compacted, whole)
   slots = list(map(int, model.slots[:len(steps)]))
   assert set(slots) == {5, 10, 20} and sorted(slots) == slots
   assert {s for s, rows in zip(slots, map(int, steps), strict=True) if rows < 27} == {20}
-  assert set(map(int, steps)) == {27, 12, 6}
+  assert set(map(int, steps)) == {27, 6, 3}

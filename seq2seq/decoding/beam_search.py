@@ -3,7 +3,7 @@
 
 A batch's sentences end at different steps; a search at fixed shapes would compute every row
 until the last one ends. Given the model's memory, the search steps at smaller batch sizes
-(`beams.compaction_sizes`: 128, 64, 32) once few enough sentences are live, each a loop of its
+(`beams.compaction_sizes`: 128, then 32) once few enough sentences are live, each a loop of its
 own over those sentences' part of the state (`beams.take_sentences`), written back when it ends.
 A sentence whose search has ended keeps its best hypotheses as they were: what each sentence
 gets is what it gets alone.
