@@ -60,8 +60,8 @@ def compaction_sizes(batch_size: int, smallest: int = 32) -> tuple[int, ...]:
 
   Each size is one more compiled loop of the step (docs/performance.md, "Against CTranslate2",
   gives the compile time). Quartering compiles one loop fewer than halving at the evaluation's
-  128 and decoded as fast (128, 32 against 128, 64, 32: 100.6 against 98.2 sentences/s on
-  test_2016, busy, the same translations); 16 and 8 gave no clear gain over 32 when halving."""
+  128 and decodes as fast (128, 32 against 128, 64, 32: 157.9 against 158.4 sentences/s on
+  test_2016, quiet, the same translations); 16 and 8 gave no clear gain over 32 when halving."""
   sizes = [batch_size]
   while sizes[-1] // 2 >= smallest:
     sizes.append(max(sizes[-1] // 4, smallest))
