@@ -137,7 +137,16 @@ runs() {
   done
 }
 
-if [ "${1:-}" = --list ]; then runs; exit 0; fi
+# QUEUE_ONLY and QUEUE_SKIP (extended regular expressions) keep or leave out the lines that
+# match, so that one checkout trains a study pinned to its commit and another the rest:
+#
+#   (cd ~/seq2seq-queue && QUEUE_ONLY=recipe_study benchmarks/queue/background_queue.sh) &&
+#     QUEUE_SKIP=recipe_study benchmarks/queue/background_queue.sh
+chosen() {
+  runs | grep -E -- "${QUEUE_ONLY:-.}" | { if [ -n "${QUEUE_SKIP:-}" ]; then
+    grep -v -E -- "$QUEUE_SKIP"; else cat; fi; }
+}
+if [ "${1:-}" = --list ]; then chosen; exit 0; fi
 # Each run's output goes to runs/queue_logs/, named by its root and swept values.
 mkdir -p runs/queue_logs
 ps -o pgid= $$ | tr -d ' ' > runs/queue.pgid
@@ -155,5 +164,5 @@ two_at_a_time() {
 while IFS= read -r line; do
   if [[ $line == "ALONE "* ]]; then two_at_a_time; bash -c "$TRAIN" _ "${line#ALONE }"
   else batch+=("$line"); fi
-done < <(runs)
+done < <(chosen)
 two_at_a_time
