@@ -63,7 +63,7 @@ def main(argv):
     candidates = _RUN["checkpoint"].value.split(",")
     beams, alphas = cli.search_values(_RUN)
     several = len(candidates) * len(beams) * len(alphas) > 1
-    what = "several checkpoints or searches" if several else ""
+    what = "several checkpoints or searches"
     if several and _RUN["ensemble"].value:
       raise UserError(f"--ensemble scores one choice, not {what}; choose each run's checkpoint"
                       " on validation alone first, then ensemble with --checkpoint=selected.")

@@ -206,7 +206,7 @@ def _matmul_tag(matmul_dtype: str) -> str:
 def _prefix(directory: Path, name: str, checkpoint: str, ensemble: Sequence[str],
             search: str, reference: dict) -> Path:
   """The path prefix of the evaluation's files in `directory`: `<name>.<checkpoint>.<search>`
-  (`beam<k>`, and its `_matmul_tag`), the checkpoint tagged with the `ensemble`'s members, and
+  (`search_tag`, and its `_matmul_tag`), the checkpoint tagged with the `ensemble`'s members, and
   set apart from another reference's scores of the same source (`_apart`) where `reference`
   names one."""
   tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"

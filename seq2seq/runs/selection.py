@@ -19,6 +19,9 @@ log = logging.getLogger("seq2seq")
 
 
 SELECTION = workdirs.EVAL / "selected.json"  # Relative to the workdir.
+# The fix for a selection that does not read as one.
+_CHOOSE_AGAIN = ("choose again on validation data: seq2seq-evaluate --split=val"
+                 " --checkpoint=best,avg:5,avg:10")
 
 
 def selected_checkpoint(workdir: Path, field: str = "--checkpoint") -> str:
@@ -29,11 +32,9 @@ def selected_checkpoint(workdir: Path, field: str = "--checkpoint") -> str:
     raise UserError(f"{field}=selected needs {path}, which does not exist; choose on"
                     f" validation data first: seq2seq-evaluate --workdir={workdir} --split=val"
                     " --checkpoint=best,avg:5,avg:10.")
-  again = ("choose again on validation data: seq2seq-evaluate --split=val"
-           " --checkpoint=best,avg:5,avg:10")
-  choice = workdirs.read_json(path, again).get("checkpoint")
+  choice = workdirs.read_json(path, _CHOOSE_AGAIN).get("checkpoint")
   if not isinstance(choice, str):
-    raise UserError(f"{path} names no checkpoint; {again}.")
+    raise UserError(f"{path} names no checkpoint; {_CHOOSE_AGAIN}.")
   return choice
 
 
@@ -44,8 +45,7 @@ def selected_search(workdir: Path) -> tuple[int, float] | None:
   path = Path(workdir) / SELECTION
   if not path.is_file():
     return None
-  record = workdirs.read_json(path, "choose again on validation data: seq2seq-evaluate"
-                              " --split=val --checkpoint=best,avg:5,avg:10")
+  record = workdirs.read_json(path, _CHOOSE_AGAIN)
   source = record.get("released_from", {})
   if source.get("checkpoint") == "selected":
     record = source.get("selection", {})
