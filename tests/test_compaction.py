@@ -108,7 +108,10 @@ def test_a_compacted_beam_search_translates_as_the_whole_batch(family):
   assert set(steps_whole) == {27} and len(steps_whole) > ends.max()  # To improve the 2nd best.
   assert set(steps) == {27, 6, 3} and len(steps) == len(steps_whole)
   assert steps[0] == 27 and sorted(steps, reverse=True) == steps
-  assert sum(steps) < 0.9 * sum(steps_whole)  # 0.82x (Transformer) and 0.87x (RNN).
+  # Steps at each size (9, 2 and 1 sentences), as the model's ends and scores decide: 0.82x and
+  # 0.87x the whole batch's rows.
+  assert [steps.count(rows) for rows in (27, 6, 3)] == {"transformer": [15, 2, 2],
+                                                        "rnn": [16, 2, 1]}[family]
 
 
 def test_an_ensembles_memory_and_cache_compact_member_by_member():
