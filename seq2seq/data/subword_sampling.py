@@ -11,8 +11,10 @@ alone: `epoch_key`), so a resumed run reads what the uninterrupted one read. Tha
 draw among the n best is numpy's, from a generator seeded by them: SentencePiece's own
 sampling (0.2.3), given the same seed, draws other segmentations in each new process, so a
 resumed run could not draw its epochs again. For the same reason there is no sampling over the
-whole lattice (SentencePiece's nbest_size=-1). The next epoch's segmentation is drawn in the
-background while this one trains.
+whole lattice (SentencePiece's nbest_size=-1). A text's n best, which depend on the text
+alone, are searched once and kept (`NBest`), so after the first draw an epoch's costs a table
+lookup per text. The next epoch's segmentation is drawn in the background while this one
+trains.
 
 The batches keep the run's shapes. Their plan (which pairs share a batch, and its length) is
 made once, from each sentence's longer segmentation of two: its best and its draw of epoch 0
@@ -61,9 +63,50 @@ class Abandoned(Exception):
   """A draw stopped because its process is exiting."""
 
 
-def sample(tokenizer: Tokenizer, texts: Sequence[str], *, alpha: float, nbest_size: int,
-           rng: np.random.Generator) -> Ids:
-  """Each text's ids in a segmentation drawn among its `nbest_size` best, with probability
+# The most subword ids `NBest` keeps (2 bytes each under a vocabulary of 65,536): Multi30k's
+# 58,000 training texts at 64 best hold about 66 million, 130 MB; a larger corpus keeps its
+# first texts' lists and computes the others' again at each draw.
+NBEST_IDS_KEPT = 1 << 28
+
+
+class NBest:
+  """Each text's `nbest_size` best segmentations and the cumulative weights a draw chooses
+  among them with (P(x) ** alpha, as SentencePiece's sampling weighs them), computed once per
+  text: they depend on the text alone, so every later epoch's draw is a table lookup, the same
+  ids as computing them again (up to `NBEST_IDS_KEPT` ids in all; a text past that is
+  computed at each draw)."""
+
+  def __init__(self, tokenizer: Tokenizer, *, alpha: float, nbest_size: int,
+               ids_kept: int = NBEST_IDS_KEPT):
+    self._tokenizer, self._alpha, self._nbest_size = tokenizer, alpha, nbest_size
+    self._dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+    self._room = ids_kept
+    self._kept: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # By text index.
+    self._lock = threading.Lock()
+
+  def lists(self, index: int, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Text `index`'s (ids of its segmentations end to end, where each starts (and the end),
+    the cumulative weights of choosing each)."""
+    kept = self._kept.get(index)
+    if kept is not None:
+      return kept
+    candidates = self._tokenizer.nbest(text, self._nbest_size) or [[]]  # "": one, empty.
+    lengths = [len(c) for c in candidates]
+    flat = np.fromiter(itertools.chain.from_iterable(candidates), np.int64, sum(lengths))
+    starts = np.cumsum([0, *lengths])
+    scores = np.zeros(1)  # One segmentation: chosen whatever its score.
+    if len(candidates) > 1:
+      scores = np.add.reduceat(self._tokenizer.log_probs[flat], starts[:-1])
+    computed = (flat.astype(self._dtype), starts,
+                np.cumsum(np.exp(self._alpha * (scores - scores.max()))))
+    with self._lock:
+      if flat.size <= self._room:
+        self._kept[index], self._room = computed, self._room - flat.size
+    return computed
+
+
+def sample(texts: Sequence[str], nbest: NBest, rng: np.random.Generator) -> Ids:
+  """Each text's ids in a segmentation drawn among its n best (`nbest`), with probability
   proportional to P(x) ** alpha: SentencePiece's SampleEncode with nbest_size > 1 (the same
   n best, scores and probabilities), the choice made with `rng`, one uniform per text.
 
@@ -72,19 +115,13 @@ def sample(tokenizer: Tokenizer, texts: Sequence[str], *, alpha: float, nbest_si
   """
   uniforms = rng.random(len(texts))
   drawn = []
-  for text, uniform in zip(texts, uniforms, strict=True):
+  for index, (text, uniform) in enumerate(zip(texts, uniforms, strict=True)):
     if not threading.main_thread().is_alive():
       raise Abandoned("the process is exiting")
-    candidates = tokenizer.nbest(text, nbest_size)
-    if len(candidates) < 2:  # One segmentation (or none: an empty text).
-      drawn.append(np.asarray(candidates[0] if candidates else [], np.int32))
-      continue
-    lengths = [len(c) for c in candidates]
-    flat = np.fromiter(itertools.chain.from_iterable(candidates), np.int64, sum(lengths))
-    scores = np.add.reduceat(tokenizer.log_probs[flat], np.cumsum([0, *lengths[:-1]]))
-    cumulative = np.cumsum(np.exp(alpha * (scores - scores.max())))
+    flat, starts, cumulative = nbest.lists(index, text)
     pick = int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
-    drawn.append(np.asarray(candidates[min(pick, len(candidates) - 1)], np.int32))
+    pick = min(pick, len(cumulative) - 1)
+    drawn.append(flat[starts[pick]:starts[pick + 1]].astype(np.int32))
   return drawn
 
 
@@ -116,7 +153,7 @@ class SubwordSampler:
       nbest_size: samples among this many best segmentations.
     """
     self._tokenizer, self._text = tokenizer, text
-    self._alpha, self._nbest_size = alpha, nbest_size
+    self._nbest = NBest(tokenizer, alpha=alpha, nbest_size=nbest_size)
     self._draws: dict[tuple[int, ...], Future] = {}  # By `epoch_key`.
     self._lock = threading.Lock()
     # Sentences that `fit` placed, per side ("source", "target"), and those on their draw.
@@ -136,8 +173,7 @@ class SubwordSampler:
   def draw(self, rng: np.random.Generator) -> tuple[Ids, Ids]:
     """Every pair's sampled source and target ids (int32, without BOS/EOS), drawn by `rng`."""
     n = len(self._text)
-    ids = sample(self._tokenizer, self._text.src + self._text.tgt, alpha=self._alpha,
-                 nbest_size=self._nbest_size, rng=rng)
+    ids = sample(self._text.src + self._text.tgt, self._nbest, rng)
     return ids[:n], ids[n:]
 
   def _timed_draw(self, key: tuple[int, ...], after: Future | None) -> tuple[Ids, Ids]:
