@@ -57,7 +57,7 @@ def select_checkpoint(workdir: str | Path, candidates: Sequence[str], *, split: 
     for k, a in searches:
       translator = _translator_for(workdir, spec, translators, k, a, batch_size)
       text = text or corpus.read_split(translator.config.data, split)
-      prefix = eval_dir(workdir, out) / f"{split}.{spec.replace(':', '')}.{search_tag(k, a)}"
+      prefix = output_prefix(eval_dir(workdir, out), split, spec, search_tag(k, a))
       label = search_label(spec, k, a) if several else spec
       found[label] = (spec, k, a, evaluate_split(translator, text.src, text.tgt, prefix)["bleu"])
       log.info("%s: BLEU %.2f; wrote %s.hyp and %s.json", label, found[label][3], prefix, prefix)
@@ -75,6 +75,13 @@ def search_tag(beam_size: int, alpha: float) -> str:
   """What an evaluation's file names say of its search: `beam<k>`, and `.alpha<a>` where the
   length penalty is not the usual 0.6 (`val.avg10.beam5.alpha1.hyp`)."""
   return f"beam{beam_size}" + ("" if alpha == 0.6 else f".alpha{alpha:g}")
+
+
+def output_prefix(directory: Path, name: str, checkpoint: str, search: str) -> Path:
+  """The path prefix of an evaluation's .hyp and .json (`scores.output_files`) in `directory`:
+  `<name>.<checkpoint, its colon dropped>.<search>` (`val.avg5.beam4`, `test.selected.beam4`;
+  `search`: `search_tag`'s, and what `_prefix` adds to it)."""
+  return Path(directory) / f"{name}.{checkpoint.replace(':', '')}.{search}"
 
 
 def search_label(spec: str, beam_size: int, alpha: float) -> str:
@@ -209,9 +216,8 @@ def _prefix(directory: Path, name: str, checkpoint: str, ensemble: Sequence[str]
   (`search_tag`, and its `_matmul_tag`), the checkpoint tagged with the `ensemble`'s members, and
   set apart from another reference's scores of the same source (`_apart`) where `reference`
   names one."""
-  tag = checkpoint.replace(":", "") + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}"
-                                       if ensemble else "")
-  prefix = directory / f"{name}.{tag}.{search}"
+  tag = checkpoint + (f".ensemble{len(ensemble) + 1}-{_members_id(ensemble)}" if ensemble else "")
+  prefix = output_prefix(directory, name, tag, search)
   return _apart(prefix, reference) if reference else prefix
 
 

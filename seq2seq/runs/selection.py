@@ -45,13 +45,35 @@ def selected_search(workdir: Path) -> tuple[int, float] | None:
   path = Path(workdir) / SELECTION
   if not path.is_file():
     return None
-  record = workdirs.read_json(path, _CHOOSE_AGAIN)
-  source = record.get("released_from", {})
-  if source.get("checkpoint") == "selected":
-    record = source.get("selection", {})
+  record = selection_record(workdir)
   if "searches" not in record:
     return None
   return int(record["beam_size"]), float(record["alpha"])
+
+
+def selection_record(workdir: Path) -> dict:
+  """The choice `select_checkpoint` recorded in `<workdir>/eval/selected.json`, which must
+  exist: the checkpoint, the search it was chosen at ("beam_size", "alpha"), every candidate's
+  BLEU. A released model's is its run's, where it was released with --checkpoint=selected."""
+  record = workdirs.read_json(Path(workdir) / SELECTION, _CHOOSE_AGAIN)
+  source = record.get("released_from", {})
+  if source.get("checkpoint") == "selected":
+    record = source.get("selection", {})
+  return record
+
+
+def chosen_search(record: dict) -> tuple[int, float] | None:
+  """The beam size and alpha a selection (`selection_record`) was made at: its one search, or
+  the winner's of several; None where it does not say (a model released with another spec)."""
+  if "beam_size" not in record or "alpha" not in record:
+    return None
+  return int(record["beam_size"]), float(record["alpha"])
+
+
+def candidate_specs(record: dict) -> list[str]:
+  """The checkpoint specs a selection (`selection_record`) scored, in order: its labels, each a
+  spec or, among several searches, `<spec> beam<k> alpha<a>` (`evaluate.search_label`)."""
+  return list(dict.fromkeys(label.split(" ")[0] for label in record.get("bleu", {})))
 
 
 def record_selection(workdir: Path, result: dict) -> None:
