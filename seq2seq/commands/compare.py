@@ -1,9 +1,10 @@
 r"""Compares runs: scores, paired-bootstrap significance, seed statistics and plots.
 
   seq2seq-compare runs/rnn_attention/* [--baseline=DIR] [--split=test] [--out=DIR] \
-      [--beam_size=4] [--alpha=0.6] [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...] \
-      [--welch_against=RUN] \
+      [--checkpoint=best|selected] [--beam_size=4] [--alpha=0.6] \
+      [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...] [--welch_against=RUN] \
       [--gold_alignment=FILE [--gold_one_based] [--alignment_layer=-2]]
+  seq2seq-compare --checkpoint=selected --beam_size=4 docs/recipe_study/*
 
 Evaluates each run's best checkpoint on val, --split and every --test_set with
 beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
@@ -20,23 +21,39 @@ and b/s0), each once.
 The comparison is written beside --out and swapped in once complete: a failure (a full
 disk) leaves an earlier comparison there as it was.
 
+--checkpoint=selected scores each run at the checkpoint seq2seq-evaluate --split=val chose
+for it (its eval/selected.json), which must have been chosen at --beam_size and --alpha: a
+run without that choice is refused, naming the seq2seq-evaluate command that makes it.
+With it, a run's record is compared as a run: a directory of config.json, metrics.jsonl and
+eval/ without checkpoints, as seq2seq-export --format=record writes one (docs/recipe_study/
+holds such records). Nothing of it decodes: its val columns are the chosen candidate's
+eval/val.<checkpoint>.beam<k>.json, its --split columns eval/<split>.selected.beam<k>.json
+(.alpha<a> after beam<k> where --alpha is not 0.6), whose BLEU, lowercase BLEU and chrF must
+be those of the .hyp beside it against the corpus's references (else it is refused, naming
+the file); the bootstrap and length.csv take that .hyp, curves.png its metrics.jsonl. A
+record has no model, so its parameters are not counted, it is left out of attention.png and
+zeros.csv, and it is refused with --checkpoint=best, --test_set or --gold_alignment; a set
+whose hypotheses it does not hold (validation's, in an older record) has no interval or
+p-value.
+
 --earlier=DIR adds the runs of an earlier comparison (its --out) as it scored them, named
 <DIR's name>:<run>: to both tables, to Welch's test across seeds and to bleu.png, but not
 to the paired bootstrap, the lengths, the curves or the attention, which need their
 workdirs. New runs join a published comparison without it being evaluated again, or after
 its workdirs are gone. It must have been scored on the same sets, with the same
---beam_size, --alpha and sacreBLEU version (checked where its comparison.md says them).
+--checkpoint, --beam_size, --alpha and sacreBLEU version (checked where its comparison.md
+says them).
 Welch's test is against the baseline's variant, or that of --welch_against, a row's name as
 the table shows it: an earlier comparison's baseline (tf_full:attention-scaled_dot_seed-0)
 is the reference of every new variant, while the paired bootstrap stays against --baseline.
 
 Evaluations are cached in <run>/eval/compare/ under everything that decides
-them (the checkpoint steps "best" names now and their weights, --beam_size,
+them (the checkpoint compared, the steps it names now and their weights, --beam_size,
 --alpha, the decoding lengths, the run's config and vocabulary, the sentences):
-a run trained further, another --alpha or another file is evaluated again, and
-the numbers are those seq2seq-evaluate --checkpoint=best would give with the
-same settings. seq2seq-evaluate's own outputs (<run>/eval/<name>.best.beam<k>.*) are not
-read.
+a run trained further, chosen again, another --alpha or another file is evaluated again, and
+the numbers are those seq2seq-evaluate --checkpoint=best (or selected) would give with the
+same settings. A workdir's seq2seq-evaluate outputs (<run>/eval/<name>.best.beam<k>.*) are
+not read.
 """
 
 import time
@@ -55,6 +72,9 @@ _BASELINE = flags.DEFINE_string("baseline", "", "Run the others are tested again
 _SPLIT = flags.DEFINE_enum("split", "test", ["val", "test"], "Split of the table's test columns.")
 _OUT = flags.DEFINE_string("out", "", "Output directory.")
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of every evaluation.")
+_CHECKPOINT = flags.DEFINE_enum("checkpoint", "best", ["best", "selected"], "The checkpoint of"
+                                " each run scored: best, or selected (chosen on validation by"
+                                " seq2seq-evaluate --split=val --checkpoint=best,avg:N).")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent of every evaluation.")
 _SAMPLES = flags.DEFINE_integer("bootstrap_samples", 1000, "Paired bootstrap resamples.")
 _EARLIER = flags.DEFINE_multi_string("earlier", [], "An earlier comparison's --out directory whose"
@@ -81,7 +101,7 @@ def main(argv):
                         test_sets=test_sets, beam_size=_BEAM.value, alpha=_ALPHA.value,
                         n_samples=_SAMPLES.value, earlier=_EARLIER.value,
                         gold_alignment={k: f.value for k, f in _ALIGNMENT.items()},
-                        welch_against=_WELCH.value)
+                        welch_against=_WELCH.value, checkpoint=_CHECKPOINT.value)
     print((Path(out) / "comparison.md").read_text(encoding="utf-8"))
     written = sorted(p.name for p in Path(out).iterdir()
                      if p.is_file() and p.stat().st_mtime >= start)

@@ -1,12 +1,12 @@
 """Compare runs: a table of scores with paired-bootstrap significance, and pictures.
 
-`compare_runs(run_dirs, out_dir)` evaluates each run's best checkpoint on
-validation and the chosen split (evaluations.py, which caches the evaluations),
-tests every run against the baseline with sacreBLEU's paired bootstrap
-resampling and aggregates seeds (stats.py), and writes comparison.md,
-comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png, bleu.png,
-curves.png, attention.png, zeros.csv and runs.json (report.py); an earlier comparison's
-rows join the tables with `earlier`.
+`compare_runs(run_dirs, out_dir)` evaluates each run's best checkpoint, or the one chosen for
+it on validation, on validation and the chosen split (scoring.py; evaluations.py caches the
+evaluations, recorded.py reads a run's record instead), tests every run against the baseline
+with sacreBLEU's paired bootstrap resampling and aggregates seeds (stats.py), and writes
+comparison.md, comparison.csv, seeds.csv (when runs differ in seed), length.csv, length.png,
+bleu.png, curves.png, attention.png, zeros.csv and runs.json (report.py); an earlier
+comparison's rows join the tables with `earlier`.
 Every run is checked, its training record and its test sets read, before
 anything is evaluated or written: a mistake costs no decoding and leaves no file.
 """
@@ -17,19 +17,17 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import ml_collections
-import numpy as np
 
 from seq2seq import config as config_lib
-from seq2seq.compare import output, records, report
-from seq2seq.compare.evaluations import TestSet, evaluation, read_test_set
-from seq2seq.compare.stats import paired_bootstrap, seed_aggregate
-from seq2seq.decoding import alignment
-from seq2seq.decoding.translator import Translator, check_search
+from seq2seq.compare import output, recorded, records, report, scoring
+from seq2seq.compare.evaluations import TestSet, read_test_set
+from seq2seq.compare.records import Run
+from seq2seq.compare.stats import seed_aggregate
+from seq2seq.decoding.translator import check_search
 from seq2seq.errors import UserError
-from seq2seq.evaluation.alignment_error import Gold, alignment_scores, read_gold
+from seq2seq.evaluation.record import is_record
 from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
@@ -76,60 +74,52 @@ def run_names(run_dirs: Sequence[str | Path]) -> list[str]:
   return [p.relative_to(common).as_posix() for p in resolved]
 
 
-class _Run(NamedTuple):
-  """A compared run: its workdir, its name in the table, its config and training record."""
-  workdir: Path
-  name: str
-  config: ml_collections.ConfigDict
-  record: dict  # `records.training_record`
-
-
 def compare_runs(run_dirs: list[str | Path], out_dir: str | Path, *, baseline: str | Path = "",
                  split: str = "test", test_sets: Sequence[TestSet] = (), beam_size: int = 4,
                  alpha: float = 0.6, n_samples: int = 1000, earlier: Sequence[str | Path] = (),
                  attention_text: str = "A man in an orange hat starring at something.",
-                 gold_alignment: dict | None = None, welch_against: str = "") -> list:
-  """Writes the comparison of `run_dirs` to `out_dir`; returns the table's rows.
+                 gold_alignment: dict | None = None, welch_against: str = "",
+                 checkpoint: str = "best") -> list:
+  """Writes the comparison of `run_dirs` to `out_dir` (its files and columns: seq2seq-compare
+  --help); returns the table's rows.
 
-  Every run is scored (best checkpoint, beam search) on `val`, on `split` and on
-  each extra test set; the table's columns are the config fields that differ
-  between the runs, and per set its BLEU, lowercase BLEU, chrF, 95% bootstrap interval
-  and paired-bootstrap p-value against the baseline. Runs are named by their path
-  below the runs' common parent (`run_names`). The runs of each `earlier` comparison (an
-  earlier `out_dir`) join the tables, the seed statistics and bleu.png as it scored them.
-  With `gold_alignment` ({"gold_alignment": FILE, "gold_one_based", "alignment_layer"}, as
-  seq2seq-evaluate takes them; FILE aligns `split`'s sentences), each row also has
-  `<split>_aer`, the alignment error rate of its attention on the references. Welch's test
-  takes the variant of the row named `welch_against` (an earlier one too) as its reference:
-  by default the baseline's.
-  """
+  Every run is scored at its `checkpoint` (best, or selected: the one chosen on validation at
+  this beam size and alpha; a run's record, `evaluation.record`, is read, not decoded) on
+  `val`, `split` and each of `test_sets`, and tested against the `baseline` (paired
+  bootstrap). Runs are named by their path below their common parent (`run_names`); each
+  `earlier` comparison's runs join the tables as it scored them. `gold_alignment` (FILE,
+  "gold_one_based", "alignment_layer") adds `<split>_aer`; Welch's test is against the row
+  `welch_against`'s variant (default: the baseline's)."""
   output.check_out(Path(out_dir))
+  search = (beam_size, alpha)
   runs = _runs(run_dirs, baseline, beam_size, alpha)
-  parents = _parents(runs)
   sets, named = _sets(split, test_sets)
-  before = [_earlier(Path(d), named, (beam_size, alpha)) for d in earlier]
+  choices = recorded.checked_choices(runs, checkpoint, search, test_sets, gold_alignment)
+  parents = _parents(runs)
+  before = [_earlier(Path(d), named, search, checkpoint) for d in earlier]
   configs, fields, earlier_rows = _configs(runs, before, named)
   against = _welch_reference(welch_against, runs, earlier_rows)
   texts = _texts(runs, sets)
-  gold, layer = _gold(gold_alignment, texts[split])  # A wrong file fails before decoding.
-  translators = _translators(runs, beam_size, alpha, gold, layer)
-  rows, hyps = _score(runs, translators, fields, sets, texts, (beam_size, alpha), n_samples)
-  _add_alignment_error(rows, translators, split, texts[split], gold, layer)
-  for row in rows if parents else []:
-    row["parent"] = parents.get(row["run"])
+  gold, layer = scoring.gold(gold_alignment, texts[split])  # A wrong file fails before decoding.
+  read = recorded.read_records(runs, choices, sets, split, search, texts)
+  translators = scoring.translators(runs, checkpoint, search, gold, layer)
+  rows, hyps = scoring.score(runs, translators, read, configs, fields, sets, texts, search,
+                             n_samples)
+  scoring.add_alignment_error(rows, translators, split, texts[split], gold, layer)
   _check_signatures(before, rows[0])
   joined = _each_once(rows, earlier_rows, fields, named)
-  columns = _columns(fields, bool(parents), named, f"{split}_aer" if gold is not None else None)
+  columns = _columns(fields, _add_parents(rows, parents), named, gold and f"{split}_aer")
   seeds = seed_aggregate(joined, fields, named, against)
 
   def write(folder: Path) -> None:
-    report.write_tables(folder, joined, columns, seeds, runs[0].name, n_samples,
-                        (beam_size, alpha), configs, [e.name for e in before], against)
+    report.write_tables(folder, joined, columns, seeds, runs[0].name, n_samples, search,
+                        configs, [e.name for e in before], against,
+                        (checkpoint, [run.name for run in runs if run.recorded]))
     report.write_lengths(folder, rows, texts[split], hyps[split],
                          ylabel=f"{split} BLEU (beam {beam_size})")
     report.write_charts(folder, joined, split, beam_size,
                         {run.name: run.record["curve"] for run in runs})
-    report.write_attention(folder, translators, attention_text)
+    report.write_attention(folder, translators, attention_text)  # Records have no model.
     report.write_zeros(folder, translators, texts["val"])
 
   output.write_whole(Path(out_dir), write, report.FILES)  # Whole, or the earlier one kept.
@@ -148,7 +138,7 @@ def _sets(split: str, test_sets: Sequence[TestSet]) -> tuple[list[TestSet], list
   return sets, names
 
 
-def _configs(runs: list[_Run], before: list[report.Earlier],
+def _configs(runs: list[Run], before: list[report.Earlier],
              sets: list[str]) -> tuple[dict[str, dict], list[str], list[dict]]:
   """The flat config of every run in the tables by name (the `before` comparisons' too), the
   fields that differ between them, and the earlier rows with those fields; checked, before
@@ -171,7 +161,7 @@ def _columns(fields: list[str], parent: bool, sets: list[str], aer: str | None) 
 
 
 def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
-          alpha: float) -> list[_Run]:
+          alpha: float) -> list[Run]:
   """The runs to compare, the baseline first (`baseline`, or the first of `run_dirs`), each
   checked and its config and training record read before anything is written."""
   run_dirs = records.check_runs(run_dirs)
@@ -188,14 +178,15 @@ def _runs(run_dirs: Sequence[str | Path], baseline: str | Path, beam_size: int,
       raise UserError(f"{w} translates {_direction(config)} but the baseline {run_dirs[0]}"
                       f" translates {_direction(configs[0])}; compare runs of one direction.")
   trained = [records.training_record(w) for w in run_dirs]
-  return [_Run(*run) for run in zip(run_dirs, names, configs, trained, strict=True)]
+  kinds = [is_record(w) for w in run_dirs]
+  return [Run(*run) for run in zip(run_dirs, names, configs, trained, kinds, strict=True)]
 
 
 def _direction(config: ml_collections.ConfigDict) -> str:
   return f"{config.data.src_lang}->{config.data.tgt_lang}"
 
 
-def _parents(runs: list[_Run]) -> dict[str, str]:
+def _parents(runs: list[Run]) -> dict[str, str]:
   """Each started run's parent (its parent.json, config.train.init_from) as the table shows it:
   the parent's name among the compared runs, else its directory's, with the checkpoint and
   its step; {} when no run has one (the table then has no parent column)."""
@@ -210,9 +201,17 @@ def _parents(runs: list[_Run]) -> dict[str, str]:
   return shown
 
 
-def _earlier(directory: Path, sets: list[str], search: tuple[int, float]) -> report.Earlier:
+def _add_parents(rows: list[dict], parents: dict[str, str]) -> bool:
+  """Adds each row's `parent` (`_parents`) where some run has one; returns whether one has."""
+  for row in rows if parents else []:
+    row["parent"] = parents.get(row["run"])
+  return bool(parents)
+
+
+def _earlier(directory: Path, sets: list[str], search: tuple[int, float],
+             checkpoint: str) -> report.Earlier:
   """An earlier comparison (`--earlier`), checked before anything is decoded: scored on these
-  sets, with this beam size and alpha where its comparison.md names them."""
+  sets, with this beam size and alpha where its comparison.md names them, at `checkpoint`."""
   earlier = report.read_earlier(directory, sets, FIXED_COLUMNS)
   if earlier.search is None:
     log.warning("--earlier=%s does not name its beam size and alpha (an older comparison.md);"
@@ -222,6 +221,9 @@ def _earlier(directory: Path, sets: list[str], search: tuple[int, float]) -> rep
     raise UserError(f"--earlier={directory} was scored with beam {earlier.search[0]}, alpha"
                     f" {earlier.search[1]}, these runs with beam {search[0]}, alpha {search[1]};"
                     " pass its --beam_size and --alpha.")
+  if earlier.checkpoint not in (None, checkpoint):
+    raise UserError(f"--earlier={directory} scored each run's {earlier.checkpoint} checkpoint,"
+                    f" these runs' {checkpoint}; pass its --checkpoint={earlier.checkpoint}.")
   return earlier
 
 
@@ -269,7 +271,7 @@ def _each_once(rows: list[dict], earlier_rows: list[dict], fields: list[str],
   return rows + earlier_rows
 
 
-def _welch_reference(name: str, runs: list[_Run], earlier_rows: list[dict]) -> str:
+def _welch_reference(name: str, runs: list[Run], earlier_rows: list[dict]) -> str:
   """The row whose variant Welch's test is against: `name` (one of the `runs` or of the
   `earlier_rows`), or the baseline (the first run)."""
   names = [run.name for run in runs] + [row["run"] for row in earlier_rows]
@@ -293,12 +295,12 @@ def _check_signatures(before: list[report.Earlier], baseline: dict) -> None:
                       " sacreBLEU version.")
 
 
-def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:
+def _texts(runs: list[Run], sets: list[TestSet]) -> dict[str, tuple[list[str], list[str]]]:
   """Each set's (sources, references), read once per corpus config. Each run is evaluated on
   its own corpus: one that gives other sentences than the baseline's is a `UserError`."""
   read = {}
 
-  def text(run: _Run, ts: TestSet) -> tuple[list[str], list[str]]:
+  def text(run: Run, ts: TestSet) -> tuple[list[str], list[str]]:
     corpus = "" if ts.src_file else json.dumps(run.config.data.to_dict(), sort_keys=True)
     if (corpus, ts) not in read:
       read[corpus, ts] = read_test_set(run.config, ts)
@@ -312,78 +314,3 @@ def _texts(runs: list[_Run], sets: list[TestSet]) -> dict[str, tuple[list[str], 
                         f" {runs[0].workdir} (their config.data differs); compare runs of one"
                         " corpus.")
   return texts
-
-
-def _translators(runs: list[_Run], beam_size: int, alpha: float, gold: Gold | None,
-                 layer: int) -> dict[str, Translator]:
-  """Each run's translator (its best checkpoint), by name. With `gold`, each is checked to have
-  `layer` before any decodes (it failed once every run had been scored)."""
-  translators = {run.name: Translator(run.workdir, "best", beam_size=beam_size, alpha=alpha)
-                 for run in runs}
-  for translator in translators.values() if gold is not None else []:
-    alignment.alignment_layer(translator, layer)
-  return translators
-
-
-def _score(runs: list[_Run], translators: dict[str, Translator], fields: list[str],
-           sets: list[TestSet], texts: dict, search: tuple[int, float],
-           n_samples: int) -> tuple[list[dict], dict]:
-  """Each run's row (its differing config fields, size, training record, and per set its
-  scores and their significance, `_add_significance`) and its hypotheses per set
-  (`hyps[set][run]`), decoded by its translator in `translators` (`search`: beam, alpha)."""
-  rows, hyps = [], defaultdict(dict)
-  for run in runs:
-    translator = translators[run.name]
-    flat = flat_config(run.config)
-    record = {key: value for key, value in run.record.items() if key != "curve"}
-    row = {"run": run.name, **{f: flat.get(f) for f in fields},
-           "parameters": _num_params(translator), **record}
-    for ts in sets:
-      scores, hyps[ts.name][run.name] = evaluation(run.workdir, ts, *search, translator,
-                                                   texts[ts.name])
-      row[f"{ts.name}_bleu"], row[f"{ts.name}_chrf"] = scores["bleu"], scores["chrf"]
-      row[f"{ts.name}_bleu_lc"] = scores["bleu_lowercase"]
-      row["bleu_signature"] = scores["bleu_signature"]
-      row["bleu_lc_signature"] = scores["bleu_lowercase_signature"]
-    rows.append(row)
-  _add_significance(rows, sets, hyps, texts, n_samples)
-  return rows, hyps
-
-
-def _gold(flags: dict | None, text: tuple[list[str], list[str]]) -> tuple[Gold | None, int]:
-  """The gold alignment of `text` that `flags` name, read once for every run (`read_gold`;
-  None without one), and the layer to score (`compare_runs`' `gold_alignment`)."""
-  flags = {"alignment_layer": -2, "gold_one_based": False, **(flags or {})}
-  gold = (read_gold(flags["gold_alignment"], *text, flags["gold_one_based"])
-          if flags.get("gold_alignment") else None)
-  return gold, flags["alignment_layer"]
-
-
-def _add_alignment_error(rows: list[dict], translators: dict[str, Translator], split: str,
-                         text: tuple[list[str], list[str]], gold: Gold | None,
-                         layer: int) -> None:
-  """Adds to each row `<split>_aer`, its attention's alignment error rate (layer `layer`) on
-  the references of `text` against `gold` (nothing without one)."""
-  for row in rows if gold is not None else []:
-    row[f"{split}_aer"] = alignment_scores(translators[row["run"]], *text, gold,
-                                           layer=layer)["aer"]
-
-
-def _num_params(translator: Translator) -> int:
-  import jax
-
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(translator.params)))
-
-
-def _add_significance(rows: list[dict], sets: list[TestSet], hyps: dict, texts: dict,
-                      n_samples: int) -> None:
-  """Adds to each row, per set, the 95% interval of its BLEU and the paired-bootstrap p-value
-  against the baseline (the first row; None for it)."""
-  base = rows[0]["run"]
-  for ts in sets:
-    significance = paired_bootstrap(hyps[ts.name][base],
-                                    {r["run"]: hyps[ts.name][r["run"]] for r in rows[1:]},
-                                    texts[ts.name][1], n_samples)
-    for row in rows:
-      row[f"{ts.name}_bleu_ci95"], row[f"{ts.name}_p_value"] = significance[
-          "baseline" if row["run"] == base else row["run"]]

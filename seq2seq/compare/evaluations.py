@@ -3,12 +3,13 @@ and its test sets (`--test_set NAME=SRC,REF`: `parse_test_set`).
 
 The evaluations are cached in `<workdir>/eval/compare/` (a released model's beside it, in
 `runs/released/<its path>/eval/compare/`: `released.outputs`), each under the key of everything
-that decides it (`evaluation_key`): the checkpoint steps "best" names now and a digest of
-their parameters, the search, the decoding lengths, the run's config and vocabulary, and the
-sha256 of the source and reference texts. A cached result is used only when its key is the
-one asked for, so a run trained further, another --alpha or another file of the same name is
-evaluated again; the files seq2seq-evaluate writes
-(`<workdir>/eval/<name>.<checkpoint>.beam<k>.*`) are never read.
+that decides it (`evaluation_key`): the checkpoint compared (best, or the spec chosen on
+validation), the steps it names now and a digest of their parameters, the search, the
+decoding lengths, the run's config and vocabulary, and the sha256 of the source and reference
+texts. A cached result is used only when its key is the one asked for, so a run trained
+further or chosen again, another --alpha or another file of the same name is evaluated again;
+the files seq2seq-evaluate writes (`<workdir>/eval/<name>.<checkpoint>.beam<k>.*`) are never
+read.
 """
 
 import hashlib
@@ -111,12 +112,13 @@ def evaluation_key(translator: Translator, sources: Sequence[str],
 def evaluation(workdir: Path, test_set: TestSet, beam_size: int, alpha: float,
                translator: Translator | None = None,
                text: tuple[list[str], list[str]] | None = None) -> tuple[dict, list]:
-  """The run's scores on `test_set` (best checkpoint) and its hypotheses.
+  """The run's scores on `test_set` (the translator's checkpoint: best by default) and its
+  hypotheses.
 
   Read from compare's cache when one was written under the same `evaluation_key`, otherwise
   evaluated as seq2seq-evaluate does (`evaluate_split`) and cached under that key.
-  `translator` (of "best", `beam_size`, `alpha`) and `text` (sources, references) are built
-  when not given.
+  `translator` (of the checkpoint compared, `beam_size`, `alpha`; "best" by default) and
+  `text` (sources, references) are built when not given.
   """
   workdir = Path(workdir)
   if translator is None:
@@ -154,13 +156,23 @@ def _agree(cached: dict, hyp_path: Path, hypotheses: list[str], references: list
   elif cached["hyp_sha256"] != _sha256(hyp_path.read_bytes()):
     reason = "its hypotheses are not the ones scored"
   else:
-    shown = {"bleu": bleu(hypotheses, references)["bleu"],
-             "bleu_lowercase": bleu(hypotheses, references, lowercase=True)["bleu_lowercase"],
-             "chrf": chrf(hypotheses, references)}
-    wrong = [name for name, value in shown.items()
-             if not abs(value - cached.get(name, float("nan"))) <= 1e-6]
-    if not wrong:
+    reason = disagreement(cached, hypotheses, references)
+    if reason is None:
       return True
-    reason = f"its {wrong[0]}, {cached.get(wrong[0])}, is not that of its hypotheses"
   log.warning("%s: %s; evaluating again.", hyp_path.with_suffix(".json"), reason)
   return False
+
+
+def disagreement(scores: dict, hypotheses: list[str], references: list[str]) -> str | None:
+  """Where `scores` (an evaluation's .json) are not those of `hypotheses` against `references`:
+  the first of its BLEU, lowercase BLEU and chrF, which the comparison shows, that sacreBLEU
+  does not give them (to 1e-6), as `its <name>, <value>, is not that of its hypotheses`; None
+  where all three are theirs."""
+  shown = {"bleu": lambda: bleu(hypotheses, references)["bleu"],
+           "bleu_lowercase": lambda: bleu(hypotheses, references,
+                                          lowercase=True)["bleu_lowercase"],
+           "chrf": lambda: chrf(hypotheses, references)}
+  for name, score in shown.items():
+    if not abs(score() - scores.get(name, float("nan"))) <= 1e-6:
+      return f"its {name}, {scores.get(name)}, is not that of its hypotheses"
+  return None

@@ -1,17 +1,30 @@
-"""The compared runs: each checked to be a run, named once (`check_runs`), and its training
-record: what its metrics.jsonl says of its training (steps, minutes, throughput) and its
-validation curve, for the table's columns and curves.png (`training_record`)."""
+"""The compared runs (`Run`): each checked to be a run, named once (`check_runs`), and its
+training record: what its metrics.jsonl says of its training (steps, minutes, throughput) and
+its validation curve, for the table's columns and curves.png (`training_record`)."""
 
 import json
 import logging
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
+
+import ml_collections
 
 from seq2seq.errors import UserError
 from seq2seq.runs import workdirs
 
 log = logging.getLogger("seq2seq")
+
+
+class Run(NamedTuple):
+  """A compared run: its workdir (or record), its name in the table, its config and training
+  record, and whether it is a run's record (`evaluation.record`: scores read, not decoded)."""
+  workdir: Path
+  name: str
+  config: ml_collections.ConfigDict
+  record: dict  # `training_record`
+  recorded: bool = False
 
 
 def training_record(workdir: Path) -> dict:

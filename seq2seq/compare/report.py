@@ -26,21 +26,23 @@ from seq2seq.models.normalizers import NORMALIZERS
 def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: list[dict],
                  baseline: str, n_samples: int, search: tuple[int, float],
                  configs: dict[str, dict], earlier: list[str] = (),
-                 welch_against: str = "") -> None:
+                 welch_against: str = "", chosen: tuple[str, list[str]] = ("best", [])) -> None:
   """comparison.csv, comparison.md, runs.json (`configs`: each row's flat config, for a later
   comparison to join this one) and, with `seeds`, seeds.csv. `search`: the evaluations'
   (beam size, alpha); `earlier`: the earlier comparisons whose rows `rows` include;
-  `welch_against`: the row whose variant Welch's test is against (default: `baseline`)."""
+  `welch_against`: the row whose variant Welch's test is against (default: `baseline`);
+  `chosen`: the checkpoint scored (best, or selected) and the rows that are runs' records."""
   _write_csv(out_dir / "comparison.csv", rows, columns)
   (out_dir / RUNS).write_text(json.dumps({r["run"]: configs[r["run"]] for r in rows}, indent=1,
                                          sort_keys=True) + "\n", encoding="utf-8")
   joined = "".join(f" Rows named `{name}:...` are the runs of the earlier comparison {name}/,"
                    " as it scored them (no p-value against this baseline)." for name in earlier)
-  lines = [f"Baseline: `{baseline}`. Best checkpoints, beam {search[0]}, alpha {search[1]}. Per"
-           f" set: BLEU, lowercase BLEU (`bleu_lc`), chrF, the 95%"
+  lines = [f"Baseline: `{baseline}`. {CHECKPOINTS[chosen[0]]}, beam {search[0]}, alpha"
+           f" {search[1]}. Per set: BLEU, lowercase BLEU (`bleu_lc`), chrF, the 95%"
            f" bootstrap interval of BLEU and the paired bootstrap p-value against the baseline"
            f" (sacreBLEU, {n_samples} resamples). {rows[0]['bleu_signature']}; lowercase"
-           f" {rows[0]['bleu_lc_signature']}.{joined}", "", *_markdown(rows, columns)]
+           f" {rows[0]['bleu_lc_signature']}.{joined}{_records_note(chosen[1], rows)}", "",
+           *_markdown(rows, columns)]
   if seeds:
     seed_columns = list(seeds[0])
     _write_csv(out_dir / "seeds.csv", seeds, seed_columns)
@@ -50,6 +52,23 @@ def write_tables(out_dir: Path, rows: list[dict], columns: list[str], seeds: lis
               " variance.", "",
               *_markdown(seeds, seed_columns)]
   (out_dir / "comparison.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# What comparison.md says of the checkpoint scored (`read_earlier` reads it back).
+CHECKPOINTS = {"best": "Best checkpoints",
+               "selected": "The checkpoints chosen on validation (seq2seq-evaluate --split=val)"}
+
+
+def _records_note(names: list[str], rows: list[dict]) -> str:
+  """What comparison.md says of the rows that are runs' records (none: nothing)."""
+  if not names:
+    return ""
+  which = ("Every run is a run's record" if len(names) == len(rows) else
+           f"{', '.join(f'`{name}`' for name in names)} are runs' records")
+  return (f" {which}: each one's scores are read from its evaluations (checked against its"
+          " hypotheses where it holds them), not decoded; its parameters are not counted,"
+          " attention.png and zeros.csv leave it out, and a set whose hypotheses it does not"
+          " hold has no interval or p-value.")
 
 
 def write_lengths(out_dir: Path, rows: list[dict], text: tuple[list[str], list[str]],
@@ -76,6 +95,8 @@ def write_charts(out_dir: Path, rows: list[dict], split: str, beam_size: int,
 
 def write_attention(out_dir: Path, translators: dict[str, Translator], text: str) -> None:
   """attention.png: each run's attention on `text` (its last layer, averaged over heads)."""
+  if not translators:  # Runs' records alone: no model to draw.
+    return
   panels = []
   for name, translator in translators.items():
     weights, src, tgt = alignment(translator, text)
@@ -120,6 +141,7 @@ class Earlier(NamedTuple):
   configs: dict[str, dict] | None  # Row name -> flat config (runs.json; older ones lack it).
   search: tuple[int, float] | None  # (beam size, alpha), where its comparison.md says them.
   signature: str | None  # Its sacreBLEU signature.
+  checkpoint: str | None = None  # "best" or "selected", where its comparison.md says which.
 
 
 _SCORES = ("bleu", "bleu_lc", "chrf", "bleu_ci95")
@@ -154,8 +176,10 @@ def read_earlier(directory: Path, sets: list[str], fixed: list[str]) -> Earlier:
   text = notes.read_text(encoding="utf-8")
   search = re.search(r"beam (\d+), alpha ([0-9.]+)\.", text)
   signature = re.search(r"nrefs:\S+?\|version:[0-9.]+", text)
+  checkpoint = next((key for key, said in CHECKPOINTS.items() if f"`. {said}, beam" in text), None)
   return Earlier(directory, name, fields, out, configs,
-                 search and (int(search[1]), float(search[2])), signature and signature[0])
+                 search and (int(search[1]), float(search[2])), signature and signature[0],
+                 checkpoint)
 
 
 def _value(text: str):
