@@ -1,6 +1,6 @@
 """seq2seq-compare --checkpoint=selected: each run at the checkpoint chosen on validation, and a
 run's record (seq2seq-export --format=record) compared as the run it came from, its
-evaluations read instead of decoded."""
+evaluations read instead of decoded; the study's records in docs/recipe_study among them."""
 
 import csv
 import json
@@ -14,6 +14,8 @@ from seq2seq.errors import UserError
 from seq2seq.evaluation import evaluate, record, scores
 from seq2seq.runs import selection
 from tests.helpers import ENV, ROOT, VAL, small_run
+
+STUDY = ROOT / "docs" / "recipe_study"
 
 
 def test_a_records_files_are_named_as_seq2seq_evaluate_names_them(tmp_path):
@@ -37,6 +39,25 @@ def test_a_selection_names_its_candidates_and_the_search_it_was_made_at():
   assert selection.candidate_specs(several) == ["best", "avg:5"]
   assert selection.chosen_search(several) == (5, 1.0)
   assert selection.chosen_search({"checkpoint": "latest"}) is None
+
+
+def test_the_study_compares_from_its_records_as_recorded(tmp_path):
+  """docs/recipe_study's records: each row's val BLEU is its choice's in selected.json, its
+  test scores those of its test.selected.beam4.json, recomputed from its hypotheses."""
+  runs = sorted(STUDY.iterdir())
+  rows = comparison.compare_runs(runs, tmp_path / "out", checkpoint="selected", n_samples=20)
+  assert len(rows) == len(runs) == 7
+  for row in rows:
+    chosen = json.loads((STUDY / row["run"] / "eval" / "selected.json").read_text())
+    test = json.loads((STUDY / row["run"] / "eval" / "test.selected.beam4.json").read_text())
+    assert row["val_bleu"] == chosen["bleu"][chosen["checkpoint"]]
+    assert (row["test_bleu"], row["test_bleu_lc"], row["test_chrf"]) == (
+        test["bleu"], test["bleu_lowercase"], test["chrf"])
+    assert row["parameters"] is None and row["val_bleu_ci95"] is None  # No val hypotheses.
+    assert row["test_bleu_ci95"] is not None
+  assert rows[0]["test_bleu"] == pytest.approx(39.42, abs=0.005)  # docs/recipe.md's seed 0.
+  assert "Every run is a run's record" in (tmp_path / "out" / "comparison.md").read_text()
+  assert not (tmp_path / "out" / "attention.png").exists()
 
 
 def test_an_earlier_comparison_says_which_checkpoint_it_scored(tmp_path):
