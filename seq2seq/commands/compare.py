@@ -4,7 +4,7 @@ r"""Compares runs: scores, paired-bootstrap significance, seed statistics and pl
       [--checkpoint=best|selected] [--beam_size=4] [--alpha=0.6] \
       [--test_set=NAME=SRC,REF ...] [--earlier=DIR ...] [--welch_against=RUN] \
       [--gold_alignment=FILE [--gold_one_based] [--alignment_layer=-2]]
-  seq2seq-compare --checkpoint=selected --beam_size=4 docs/recipe_study/*
+  seq2seq-compare --checkpoint=selected --beam_size=4 --out=runs/study_report docs/recipe_study/*
 
 Evaluates each run's best checkpoint on val, --split and every --test_set with
 beam search (--beam_size, and --alpha, the GNMT length-penalty exponent, as
