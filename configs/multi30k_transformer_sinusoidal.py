@@ -11,21 +11,11 @@ and 2 choose 37.94, 37.75 and 38.82 on validation and score 37.93, 38.45 and 37.
 on test_2016_flickr (docs/recipe.md, "The default recipe decided by seeds").
 """
 
-import importlib.util
-from pathlib import Path
-
-
-def _default_config():
-  # Loaded by path: config files are not a package (config_flags loads them by path too).
-  path = Path(__file__).with_name("multi30k_transformer.py")
-  spec = importlib.util.spec_from_file_location("multi30k_transformer", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from seq2seq.config_files import sibling
 
 
 def get_config():
-  c = _default_config()
+  c = sibling(__file__, "multi30k_transformer.py")
   c.model.positions = "sinusoidal"
   c.model.attention_dropout_rate = 0.0
   return c

@@ -19,21 +19,11 @@ micro-batches. The last 20 checkpoints, 1000 steps apart, are kept for
 `--checkpoint=avg:20` (the paper averages 20 written 10 minutes apart).
 """
 
-import importlib.util
-from pathlib import Path
-
-
-def _base_config():
-  # Loaded by path: config files are not a package (config_flags loads them by path too).
-  path = Path(__file__).with_name("wmt14_ende_transformer_base.py")
-  spec = importlib.util.spec_from_file_location("wmt14_ende_transformer_base", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from seq2seq.config_files import sibling
 
 
 def get_config():
-  c = _base_config()
+  c = sibling(__file__, "wmt14_ende_transformer_base.py")
   c.model.emb_dim = 1024
   c.model.num_heads = 16
   c.model.mlp_dim = 4096

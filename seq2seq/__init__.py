@@ -4,6 +4,7 @@ The folders are layers, in the order data flows; each imports only the layers ab
 this list (tests/test_structure.py checks it, from each package's "May import:" line):
 
   errors.py, config.py  what every layer shares: one-line user errors, the run config,
+  config_files.py       config files built on others,
   registry.py           the registries of named parts, and the run's own files that add to them
   runtime/              the process: signals, host memory, compilation
   data/                 corpora, SentencePiece, batches, text files
