@@ -46,7 +46,7 @@ def test_the_study_compares_from_its_records_as_recorded(tmp_path):
   test scores those of its test.selected.beam4.json, recomputed from its hypotheses."""
   runs = sorted(STUDY.iterdir())
   rows = comparison.compare_runs(runs, tmp_path / "out", checkpoint="selected", n_samples=20)
-  assert len(rows) == len(runs) == 7
+  assert len(rows) == len(runs) >= 8
   for row in rows:
     chosen = json.loads((STUDY / row["run"] / "eval" / "selected.json").read_text())
     test = json.loads((STUDY / row["run"] / "eval" / "test.selected.beam4.json").read_text())

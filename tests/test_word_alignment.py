@@ -306,10 +306,10 @@ def test_compare_reads_the_gold_file_once(run, tmp_path, monkeypatch):
 
 def test_compare_refuses_a_layer_the_runs_lack_before_it_decodes(run, tmp_path, monkeypatch):
   """As a wrong gold file: it was refused only once every run had been decoded on every set."""
-  from seq2seq.compare import comparison
+  from seq2seq.compare import comparison, scoring
 
   decoded = []
-  monkeypatch.setattr(comparison, "evaluation", lambda *args: decoded.append(args))
+  monkeypatch.setattr(scoring, "evaluation", lambda *args: decoded.append(args))
   with pytest.raises(UserError) as raised:
     comparison.compare_runs([run], tmp_path / "out", split="val", gold_alignment={
         "gold_alignment": str(val_gold(run, tmp_path)), "alignment_layer": 1})
