@@ -6,8 +6,6 @@ Imports CTranslate2: commands import this module only after `errors.require_extr
 """
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +49,10 @@ def export(workdir: str | Path, checkpoint: str, output: str | Path,
   layer = layer_index(alignment_layer, c.model.num_decoder_layers)
   converter = conversion.TransformerConverter(model, c.model, pieces,
                                               str(Path(workdir) / workdirs.VOCAB), layer)
-  partial = workdirs.partial_folder(output)
-  try:
+  with workdirs.written_whole(output) as partial:
     converter.convert(str(partial), force=True)
     settings = {"workdir": str(workdir), "checkpoint": checkpoint, "steps": translator.steps,
                 "max_len": c.model.max_len, "max_decode_len_a": c.eval.max_decode_len_a,
                 "max_decode_len_b": c.eval.max_decode_len_b, "alignment_layer": layer}
     (partial / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, output)
-  except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.
-    raise OSError(e.errno, e.strerror, str(output)) from e
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
   return output

@@ -122,17 +122,10 @@ def write_record(workdir: str | Path, output: str | Path) -> Path:
   if output.exists():
     raise UserError(f"--output={output} exists; pass a new directory, or remove it first.")
   files = _record_files(workdir)
-  partial = workdirs.partial_folder(output)
-  shutil.rmtree(partial, ignore_errors=True)
-  try:
+  with workdirs.written_whole(output) as partial:
     for path in files:
       (partial / path).parent.mkdir(parents=True, exist_ok=True)
       shutil.copy2(workdir / path, partial / path)
-    partial.rename(output)
-  except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.
-    raise OSError(e.errno, e.strerror, str(output)) from e
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
   return output
 
 

@@ -101,9 +101,7 @@ def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
   like = nnx.split(nnx.eval_shape(lambda: build_model(config, match.vocab_size(vocab))),
                    nnx.Param)[1]
   steps, params = restore_params(workdir, spec, config, like)
-  partial = workdirs.partial_folder(output)
-  shutil.rmtree(partial, ignore_errors=True)
-  try:
+  with workdirs.written_whole(output) as partial:
     partial.mkdir(parents=True)
     shutil.copy2(workdir / workdirs.CONFIG, partial / workdirs.CONFIG)
     workdirs.copy_vocabulary(workdir, partial)
@@ -122,9 +120,4 @@ def release(workdir: str | Path, checkpoint: str, output: str | Path) -> Path:
       record["selection"] = json.loads((workdir / SELECTION).read_text(encoding="utf-8"))
     record_selection(partial, {"checkpoint": "latest", "released_from": record})
     write_atomically(partial / RECORD, json.dumps(record, indent=2) + "\n")
-    partial.rename(output)
-  except OSError as e:  # A full disk names the folder asked for, not its hidden partial one.
-    raise OSError(e.errno, e.strerror, str(output)) from e
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
   return output

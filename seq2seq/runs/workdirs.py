@@ -19,6 +19,7 @@ refusal message; the kernel drops the lock when its process dies, however it
 dies, so a killed run never blocks the next one. The file is removed on release.
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -96,6 +97,22 @@ def partial_folder(output: Path) -> Path:
     if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
       shutil.rmtree(stale, ignore_errors=True)
   return output.with_name(f".{output.name}.partial{os.getpid()}")
+
+
+@contextlib.contextmanager
+def written_whole(output: Path):
+  """Yields the partial folder (`partial_folder`, emptied) in which to write the directory
+  `output`, renamed to `output` once the block ends; a failure leaves no `output` and no
+  partial folder, and an OSError (a full disk) names `output`, not the hidden folder."""
+  partial = partial_folder(output)
+  shutil.rmtree(partial, ignore_errors=True)
+  try:
+    yield partial
+    partial.rename(output)
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, str(output)) from e
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
 
 
 def copy_vocabulary(source: Path, workdir: Path, field: str = "config.data.vocab_from") -> None:
